@@ -1,0 +1,75 @@
+"""Configuration values and the one place that reads environment variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_MODEL = "claude-sonnet-4-5"
+DEFAULT_TARGET = "v5e"
+
+
+@dataclass(frozen=True)
+class Env:
+    """What pallasopt takes from the environment. Read once with `read_env()`; pass the value around."""
+
+    anthropic_api_key: str | None = None
+    llm_model: str = DEFAULT_MODEL
+    db_path: Path | None = None  # PALLASOPT_DB overrides the default `.pallasopt/` beside the kernel
+    python: str | None = None  # PALLASOPT_PYTHON: interpreter for evaluation subprocesses
+    no_color: bool = False
+
+
+def read_env(environ: Mapping[str, str] | None = None) -> Env:
+    """Read pallasopt's environment variables (ANTHROPIC_API_KEY, PALLASOPT_MODEL, PALLASOPT_DB, PALLASOPT_PYTHON,
+    NO_COLOR)."""
+    e = os.environ if environ is None else environ
+    db = e.get("PALLASOPT_DB")
+    return Env(
+        anthropic_api_key=e.get("ANTHROPIC_API_KEY") or None,
+        llm_model=e.get("PALLASOPT_MODEL") or DEFAULT_MODEL,
+        db_path=Path(db) if db else None,
+        python=e.get("PALLASOPT_PYTHON") or None,
+        no_color=bool(e.get("NO_COLOR")),
+    )
+
+
+# Variables removed from every evaluation subprocess: candidate code never sees credentials.
+SECRET_ENV_PREFIXES: tuple[str, ...] = (
+    "ANTHROPIC_",
+    "OPENAI_",
+    "AWS_",
+    "GOOGLE_APPLICATION",
+    "HF_TOKEN",
+    "GH_TOKEN",
+)
+
+
+def child_env(extra: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of an evaluation subprocess: ours, minus secrets, CPU-only JAX, plus `extra`."""
+    base = os.environ if environ is None else environ
+    env = {k: v for k, v in base.items() if not k.startswith(SECRET_ENV_PREFIXES)}
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    env.update(extra or {})
+    return env
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Knobs of one optimization run."""
+
+    beam: int = 8
+    depth: int = 4
+    target: str = DEFAULT_TARGET
+    budget_seconds: float | None = None
+    max_candidates: int | None = None
+    seed: int = 0
+    llm: bool = False
+    compile: bool = True  # use the deviceless TPU compiler tier when libtpu is installed
+    check_top: int = 4  # correctness-check this many of the best candidates per beam step
+    jobs: int = 1
+    passes: tuple[str, ...] = field(default_factory=tuple)  # restrict to these pass names (empty: all)

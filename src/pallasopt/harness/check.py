@@ -1,0 +1,77 @@
+"""The correctness oracle's public API: `check(source, path) -> CheckResult`, run in a child process."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .subproc import run_child
+
+DEFAULT_SEEDS = (101, 202)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The oracle's verdict on one kernel source."""
+
+    ok: bool
+    status: str  # pass | mismatch | nan | shape | race | error | timeout | crash
+    message: str
+    dims: Mapping[str, int] = field(default_factory=dict)
+    seeds: tuple[int, ...] = ()
+    mode: str = ""
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    wall_s: float = 0.0
+    outputs: tuple[Mapping[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "status": self.status,
+            "message": self.message,
+            "dims": dict(self.dims),
+            "seeds": list(self.seeds),
+            "mode": self.mode,
+            "max_abs_err": self.max_abs_err,
+            "max_rel_err": self.max_rel_err,
+            "wall_s": self.wall_s,
+            "outputs": [dict(o) for o in self.outputs],
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> CheckResult:
+        return CheckResult(
+            ok=bool(d.get("ok")),
+            status=str(d.get("status", "error")),
+            message=str(d.get("message", "")),
+            dims=dict(d.get("dims") or {}),
+            seeds=tuple(d.get("seeds") or ()),
+            mode=str(d.get("mode", "")),
+            max_abs_err=float(d.get("max_abs_err") or 0.0),
+            max_rel_err=float(d.get("max_rel_err") or 0.0),
+            wall_s=float(d.get("wall_s") or 0.0),
+            outputs=tuple(d.get("outputs") or ()),
+        )
+
+
+def check(
+    source: str,
+    path: str,
+    *,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    dims: Mapping[str, int] | None = None,
+    timeout_s: float = 300.0,
+) -> CheckResult:
+    """Run the module's entry in interpret mode against its reference on fresh inputs for each seed.
+
+    Never raises for the kernel's faults: a wrong answer, a NaN, a race, a crash or a hang is a `CheckResult`.
+    """
+    if len(seeds) < 2:
+        raise ValueError("the oracle needs at least two seeds")
+    request = {"op": "check", "source": source, "path": path, "seeds": list(seeds), "dims": dict(dims or {})}
+    child = run_child("pallasopt.harness.worker", request, timeout_s=timeout_s)
+    if child.reply is None:
+        return CheckResult(ok=False, status=child.status, message=child.message, wall_s=child.wall_s)
+    return CheckResult.from_dict({"wall_s": child.wall_s, **child.reply})

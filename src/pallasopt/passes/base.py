@@ -1,0 +1,101 @@
+"""The pass contract: a frozen dataclass with a kebab-case `name`, parameters as fields, `choices` and `apply`."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import UsageError
+from ..ir.kernel_ir import KernelIR
+
+if TYPE_CHECKING:
+    from ..cost_model.hardware import Chip
+
+
+@dataclass(frozen=True)
+class Pass:
+    """Base of every pass. Subclasses set `name`, document themselves in their docstring, and define
+    `choices(ir, chip)` (the concrete instances worth trying here) and `apply(ir)` (pure; declines with
+    `errors.check(cond, why)`)."""
+
+    name: ClassVar[str] = "pass"
+
+    @classmethod
+    def summary(cls) -> str:
+        doc = (cls.__doc__ or "").strip()
+        return doc.split("\n\n")[0].replace("\n", " ")
+
+    @classmethod
+    def choices(cls, ir: KernelIR, chip: Chip) -> tuple[Pass, ...]:
+        return ()
+
+    def apply(self, ir: KernelIR) -> KernelIR:
+        raise NotImplementedError
+
+    def params(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def spec(self) -> str:
+        """`name{k=v,...}`: the same string in the CLI, the database, the logs and the report."""
+        items = ",".join(f"{k}={_fmt(v)}" for k, v in self.params().items())
+        return f"{self.name}{{{items}}}" if items else self.name
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, str]) -> Pass:
+        """Build an instance from spec parameters (strings), coercing to the field types."""
+        hints = typing.get_type_hints(cls)
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, raw in params.items():
+            if key not in known:
+                raise UsageError(
+                    f"pass {cls.name!r} has no parameter {key!r}",
+                    hint=f"its parameters are: {', '.join(known) or 'none'}",
+                )
+            kwargs[key] = _coerce(raw, hints.get(key, str), cls.name, key)
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"bad parameters for pass {cls.name!r}: {e}") from None
+
+    def __str__(self) -> str:
+        return self.spec()
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, tuple):
+        return ":".join(_fmt(x) for x in v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _coerce(raw: str, typ: Any, pass_name: str, key: str) -> Any:
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if raw in ("none", "None", ""):
+            return None
+        typ = args[0] if args else str
+        origin = typing.get_origin(typ)
+    try:
+        if typ is bool:
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(raw)
+            return raw.lower() in ("true", "1")
+        if typ is int:
+            return int(raw)
+        if typ is float:
+            return float(raw)
+        if origin is tuple:
+            inner = typing.get_args(typ)[0] if typing.get_args(typ) else str
+            return tuple(_coerce(x, inner, pass_name, key) for x in raw.split(":") if x)
+    except ValueError:
+        raise UsageError(
+            f"pass {pass_name!r}: parameter {key}={raw!r} is not a valid {getattr(typ, '__name__', typ)}"
+        ) from None
+    return raw

@@ -1,0 +1,292 @@
+"""Loading a kernel module: find its entry, reference, inputs and dims, with one-line errors for bad files.
+
+The static part (`inspect_source`) reads the file with `ast` and never runs it; `exec_module` runs a source as a
+fresh module object, so the same file can be loaded many times (the original and every candidate rewrite).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import itertools
+import sys
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import KernelError
+
+RESERVED = ("reference", "make_inputs", "hand_tuned")
+_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """What the static reading of a kernel module found."""
+
+    path: str
+    entry: str
+    entry_line: int
+    reference_line: int
+    make_inputs_line: int
+    has_hand_tuned: bool
+
+
+def _calls_pallas_call(node: ast.AST) -> bool:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            f = sub.func
+            if (isinstance(f, ast.Attribute) and f.attr == "pallas_call") or (
+                isinstance(f, ast.Name) and f.id == "pallas_call"
+            ):
+                return True
+    return False
+
+
+def _called_names(node: ast.AST) -> set[str]:
+    """Names a function mentions (calls, partials, references): enough to follow helper chains."""
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _top_functions(tree: ast.Module) -> dict[str, ast.AST]:
+    """Top-level functions and module-level assignments (e.g. `f = functools.partial(g, bm=128)`)."""
+    out: dict[str, ast.AST] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            out[node.name] = node
+        elif (
+            isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        ) and isinstance(node.value, ast.Call | ast.Lambda):
+            out[node.targets[0].id] = node
+    return out
+
+
+def _reaches_pallas(funcs: Mapping[str, ast.AST]) -> set[str]:
+    """Names of top-level functions that reach a `pallas_call` through calls within the module."""
+    reach = {name for name, node in funcs.items() if _calls_pallas_call(node)}
+    changed = True
+    while changed:
+        changed = False
+        for name, node in funcs.items():
+            if name not in reach and _called_names(node) & reach:
+                reach.add(name)
+                changed = True
+    return reach
+
+
+def _module_string_constant(tree: ast.Module, name: str) -> tuple[str, int] | None:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                return node.value.value, node.lineno
+            raise KernelError(f"{name} must be a string literal", path=None, line=node.lineno)
+    return None
+
+
+def inspect_source(source: str, path: str) -> ModuleSpec:
+    """Read a kernel module without running it; raise `KernelError` naming the file and line of any problem."""
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as e:
+        raise KernelError(
+            f"syntax error: {e.msg}", path=path, line=e.lineno, hint="fix the Python syntax and retry"
+        ) from None
+    funcs = _top_functions(tree)
+    for required, fix in (
+        ("reference", "define `def reference(*args)`: the pure-JAX oracle with the entry's arguments"),
+        ("make_inputs", "define `def make_inputs(key, **dims)` returning the entry's argument tuple"),
+    ):
+        if required not in funcs:
+            raise KernelError(f"no `{required}` function", path=path, line=1, hint=fix)
+    reach = _reaches_pallas(funcs)
+    try:
+        named = _module_string_constant(tree, "ENTRY")
+    except KernelError as e:
+        raise KernelError(e.message, path=path, line=e.line, hint='write ENTRY = "function_name"') from None
+    if named is not None:
+        entry, line = named
+        if entry not in funcs:
+            raise KernelError(
+                f"ENTRY names {entry!r}, which is not a top-level function",
+                path=path,
+                line=line,
+                hint="set ENTRY to the function that calls pl.pallas_call",
+            )
+        if entry not in reach:
+            raise KernelError(
+                f"entry {entry!r} never reaches a pl.pallas_call",
+                path=path,
+                line=getattr(funcs[entry], "lineno", line),
+                hint="the entry must call pl.pallas_call, directly or through helpers in this file",
+            )
+    else:
+        public = sorted(n for n in reach if not n.startswith("_") and n not in RESERVED)
+        # Prefer roots: candidates that no other candidate calls (a public wrapper over a public helper).
+        roots = [n for n in public if not any(n in _called_names(funcs[o]) for o in public if o != n)]
+        if not public:
+            raise KernelError(
+                "no entry: no public top-level function calls pl.pallas_call",
+                path=path,
+                line=1,
+                hint='define one, or name it with ENTRY = "function_name"',
+            )
+        if len(roots) != 1:
+            names = ", ".join(f"{n} (line {getattr(funcs[n], 'lineno', '?')})" for n in (roots or public))
+            raise KernelError(
+                f"two or more candidate entries: {names}",
+                path=path,
+                line=getattr(funcs[(roots or public)[0]], "lineno", 1),
+                hint='name the one to optimize with ENTRY = "function_name"',
+            )
+        entry = roots[0]
+    return ModuleSpec(
+        path=path,
+        entry=entry,
+        entry_line=getattr(funcs[entry], "lineno", 1),
+        reference_line=getattr(funcs["reference"], "lineno", 1),
+        make_inputs_line=getattr(funcs["make_inputs"], "lineno", 1),
+        has_hand_tuned="hand_tuned" in funcs,
+    )
+
+
+def exec_module(source: str, path: str) -> types.ModuleType:
+    """Run `source` as a fresh module whose code objects carry `path` (so traces point into the user's file).
+
+    The module is registered in `sys.modules` under a unique name (dataclasses and pickling need one) and its
+    directory is importable, so a kernel can import a sibling helper module as it would normally.
+    """
+    name = f"_pallasopt_kernel_{next(_counter)}_{hashlib.sha1(source.encode()).hexdigest()[:8]}"
+    module = types.ModuleType(name)
+    module.__file__ = path
+    folder = str(Path(path).resolve().parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
+    sys.modules[name] = module
+    try:
+        code = compile(source, path, "exec")
+        exec(code, module.__dict__)
+    except SyntaxError as e:
+        sys.modules.pop(name, None)
+        raise KernelError(f"syntax error: {e.msg}", path=path, line=e.lineno, hint="fix the syntax") from None
+    except Exception as e:
+        sys.modules.pop(name, None)
+        raise KernelError(
+            f"importing the module failed: {type(e).__name__}: {e}",
+            path=path,
+            line=_user_line(e, path),
+            hint="the file must import on its own",
+        ) from None
+    return module
+
+
+def _user_line(exc: BaseException, path: str) -> int | None:
+    """The innermost traceback line inside `path`, if any."""
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == path:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def default_dims(make_inputs: Callable[..., Any], path: str, line: int) -> dict[str, int]:
+    """The keyword defaults of `make_inputs` after `key`: the size the user wants optimized."""
+    try:
+        sig = inspect.signature(make_inputs)
+    except (TypeError, ValueError):
+        return {}
+    params = list(sig.parameters.values())
+    if not params:
+        raise KernelError(
+            "make_inputs takes no arguments",
+            path=path,
+            line=line,
+            hint="its first parameter must be the PRNG key",
+        )
+    dims: dict[str, int] = {}
+    for p in params[1:]:
+        if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+            continue
+        if p.default is p.empty:
+            raise KernelError(
+                f"make_inputs parameter {p.name!r} has no default",
+                path=path,
+                line=line,
+                hint="give every dimension a default: the size to optimize",
+            )
+        if isinstance(p.default, bool) or not isinstance(p.default, int):
+            continue  # non-integer options (dtypes, flags) are passed through untouched
+        dims[p.name] = p.default
+    return dims
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A loaded kernel module: its source, what it defines, and the live module object."""
+
+    spec: ModuleSpec
+    source: str
+    module: types.ModuleType
+    dims: Mapping[str, int]
+
+    @property
+    def path(self) -> str:
+        return self.spec.path
+
+    @property
+    def entry(self) -> Callable[..., Any]:
+        fn: Callable[..., Any] = getattr(self.module, self.spec.entry)
+        return fn
+
+    @property
+    def reference(self) -> Callable[..., Any]:
+        fn: Callable[..., Any] = self.module.reference
+        return fn
+
+    @property
+    def make_inputs(self) -> Callable[..., Any]:
+        fn: Callable[..., Any] = self.module.make_inputs
+        return fn
+
+    @property
+    def tolerance(self) -> Mapping[str, float] | None:
+        tol = getattr(self.module, "TOLERANCE", None)
+        return dict(tol) if isinstance(tol, Mapping) else None
+
+    @property
+    def check_dims(self) -> Mapping[str, int] | None:
+        dims = getattr(self.module, "CHECK_DIMS", None)
+        return dict(dims) if isinstance(dims, Mapping) else None
+
+
+def load_source(source: str, path: str) -> Workload:
+    """Inspect and run a kernel module given as source text."""
+    spec = inspect_source(source, path)
+    module = exec_module(source, path)
+    for name, line in (("reference", spec.reference_line), ("make_inputs", spec.make_inputs_line)):
+        if not callable(getattr(module, name, None)):
+            raise KernelError(f"`{name}` is not callable after import", path=path, line=line)
+    dims = default_dims(module.make_inputs, path, spec.make_inputs_line)
+    return Workload(spec=spec, source=source, module=module, dims=dims)
+
+
+def read_file(path: str | Path) -> str:
+    """Read a kernel file, with a one-line error when it is missing or unreadable."""
+    p = Path(path)
+    if not p.exists():
+        raise KernelError("no such file", path=str(path), hint="check the path")
+    if p.is_dir():
+        raise KernelError("is a folder, not a kernel module", path=str(path), hint="pass a .py file")
+    try:
+        return p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise KernelError(f"cannot read: {e}", path=str(path)) from None
+
+
+def load(path: str | Path) -> Workload:
+    """Load a kernel module file."""
+    return load_source(read_file(path), str(path))
