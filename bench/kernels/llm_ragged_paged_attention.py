@@ -16,6 +16,11 @@ Naive choices:
 - grid (q blocks, pages): one page per step, every page slot of the sequence is fetched, also the
   unused ones; all 32 heads are handled in each step by unrolled Python loops.
 - K/V of a head are read with strided loads from the page; the f32 output block is the accumulator.
+
+No hand_tuned: JAX's ragged_paged_attention kernel does not lower here without a TPU. Its body
+floor-divides, `sign` lowering asks tpu_info for the device kind, and on this CPU-only machine that
+raises "Unsupported TPU device kind: cpu". (It does lower under an AbstractMesh whose AbstractDevice
+is a TPU, and would lower on a real TPU.)
 """
 
 import functools
@@ -130,12 +135,6 @@ def reference(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs):
         return jnp.where(mine[:, None, None], jnp.einsum("htk,khd->thd", w, v), 0.0)
 
     return jax.lax.map(one_seq, jnp.arange(page_indices.shape[0])).sum(0).astype(q.dtype)
-
-
-def hand_tuned(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs):
-    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention as rpa
-
-    return rpa(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, sm_scale=q.shape[-1] ** -0.5)
 
 
 def make_inputs(key, T=2048, max_seqs=32, Hq=32, Hkv=8, D=128, page_size=32, pages_per_seq=128):

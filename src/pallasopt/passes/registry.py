@@ -7,8 +7,9 @@ from typing import Any
 
 from ..errors import UsageError
 from .base import Pass
+from .tile import TilePass
 
-PASSES: tuple[type[Pass], ...] = ()
+PASSES: tuple[type[Pass], ...] = (TilePass,)
 
 
 def by_name() -> dict[str, type[Pass]]:

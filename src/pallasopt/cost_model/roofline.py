@@ -1,0 +1,333 @@
+"""The roofline cost model: time, bound, traffic and VMEM of each pallas_call on a chip, from the traced facts.
+
+Rules modelled (see docs/cost-model.md):
+- HBM traffic follows the Pallas pipeline: a block is fetched only when its block index changes between consecutive
+  grid steps (last grid axis fastest); an output block is written back when its index changes and at the end.
+- Per-step work from the kernel jaxpr: matmuls on the MXU (dims padded to the MXU / native tile), elementwise and
+  reductions on the VPU, transcendentals on the EUP; a fixed per-step pipeline overhead.
+- time = steps x max(DMA per step, compute per step + overhead) + prologue (first fetch) + epilogue (last write);
+  "parallel" axes split over 2 TensorCores on megacore chips (compute halves, HBM bandwidth is shared).
+- VMEM = sum over blocked operands of buffers x block bytes padded to the native tile, plus scratch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.facts import CallFacts, Operand, dtype_bytes, plain
+from .hardware import Chip
+
+MAX_ENUMERATED_STEPS = 50_000  # non-affine index maps are evaluated step by step up to this grid size
+VMEM_MARGIN = 0.9  # fraction of the scoped limit the model lets a candidate use (compiler internal scratch)
+
+
+def _pad(n: int, m: int) -> int:
+    return -(-n // m) * m if m > 0 else n
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """HBM traffic of one operand over the whole grid."""
+
+    operand: str
+    fetches: int  # block transfers (fetches for inputs, write-backs for outputs)
+    bytes: int
+    method: str  # "closed-form" | "enumerated" | "structural" | "manual-dma"
+
+
+@dataclass(frozen=True)
+class CallEstimate:
+    """The model's view of one pallas_call on one chip."""
+
+    call: int
+    chip: str
+    time_s: float
+    bound: str  # "compute" | "memory" | "step-overhead" | "illegal"
+    steps: int
+    flops: int
+    bytes: int
+    mxu_s: float
+    vpu_s: float
+    eup_s: float
+    dma_s: float
+    overhead_s: float
+    edge_s: float  # prologue + epilogue
+    vmem_bytes: int
+    vmem_limit_bytes: int
+    fits_vmem: bool
+    legal: bool
+    problems: tuple[str, ...]
+    traffic: tuple[Traffic, ...]
+    megacore_split: bool
+    utilization: float  # achieved FLOP/s over the chip's peak for these dtypes
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return self.legal and self.fits_vmem
+
+    def to_dict(self) -> dict[str, Any]:
+        out = plain(self)
+        assert isinstance(out, dict)
+        return out
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The model's view of a whole kernel module: the sum over its pallas_calls."""
+
+    chip: str
+    calls: tuple[CallEstimate, ...]
+
+    @property
+    def time_s(self) -> float:
+        return sum(c.time_s for c in self.calls)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.calls)
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        return tuple(f"call {c.call}: {p}" for c in self.calls for p in c.problems)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"chip": self.chip, "time_s": self.time_s, "ok": self.ok, "calls": [c.to_dict() for c in self.calls]}
+
+
+def block_fetches(op: Operand, grid: Sequence[int], order: Sequence[int] | None = None) -> tuple[int, str]:
+    """How many times the pipeline transfers this operand's block over the grid (in `order`, outermost first)."""
+    axes = list(order) if order is not None else list(range(len(grid)))
+    steps = math.prod(grid) if grid else 1
+    im = op.index_map
+    if im.affine is None and im.fn is not None and not im.data_dependent and steps <= MAX_ENUMERATED_STEPS:
+        return _enumerate_fetches(op, grid, axes), "enumerated"
+    moving = {a for a in im.axes if grid[a] > 1}
+    if not moving:
+        return 1, "closed-form"
+    innermost = max(axes.index(a) for a in moving)
+    fetches = math.prod(grid[a] for a in axes[: innermost + 1])
+    return fetches, "closed-form" if im.affine is not None else "structural"
+
+
+def _enumerate_fetches(op: Operand, grid: Sequence[int], axes: Sequence[int]) -> int:
+    import itertools
+
+    last: tuple[int, ...] | None = None
+    count = 0
+    for combo in itertools.product(*(range(grid[a]) for a in axes)):
+        idx = [0] * len(grid)
+        for a, v in zip(axes, combo, strict=True):
+            idx[a] = v
+        block = op.index_map.block_index(idx)
+        if block != last:
+            count += 1
+            last = block
+    return count
+
+
+def padded_block_bytes(op: Operand, chip: Chip) -> int:
+    """Block bytes with the last two dims padded to the dtype's native (sublane, lane) tile, as VMEM holds them."""
+    dims = [1 if b is None else b for b in op.block_shape]
+    sub, lane = chip.native_tile(op.dtype)
+    if len(dims) >= 1:
+        dims[-1] = _pad(dims[-1], lane)
+    if len(dims) >= 2:
+        dims[-2] = _pad(dims[-2], sub)
+    return math.prod(dims) * dtype_bytes(op.dtype)
+
+
+def vmem_footprint(call: CallFacts, chip: Chip) -> int:
+    """Sum of buffers x padded block bytes over pipelined operands, plus VMEM scratch."""
+    total = 0
+    for op in call.operands:
+        if op.is_pipelined:
+            total += (op.buffer_count or 2) * padded_block_bytes(op, chip)
+    for s in call.scratch:
+        if s.memory_space in ("vmem", "default"):
+            dims = list(s.shape) or [1]
+            sub, lane = chip.native_tile(s.dtype)
+            dims[-1] = _pad(dims[-1], lane)
+            if len(dims) >= 2:
+                dims[-2] = _pad(dims[-2], sub)
+            total += math.prod(dims) * dtype_bytes(s.dtype)
+    return total
+
+
+def legality_problems(call: CallFacts, chip: Chip) -> list[str]:
+    """Block-shape and buffering rules the Mosaic TPU lowering enforces (jax 0.10.x)."""
+    if chip.is_gpu:
+        return []
+    problems: list[str] = []
+    for op in call.operands:
+        if not op.is_pipelined:
+            continue
+        shape, block = op.shape, op.block_shape
+        if op.buffer_count is not None and op.buffer_count not in (1, 2):
+            problems.append(
+                f"{op.name}: pl.Buffered({op.buffer_count}) in a grid BlockSpec (only 1 or 2 are supported; "
+                "deeper buffering needs pltpu.emit_pipeline)"
+            )
+        for d, b in enumerate(block):
+            if b is not None and b > shape[d]:
+                problems.append(f"{op.name}: block dim {d} ({b}) exceeds the array dim ({shape[d]})")
+        if not block:
+            continue
+        last, full_last = block[-1], shape[-1]
+        if last is not None and last != full_last and last % 128:
+            problems.append(
+                f"{op.name}: last block dim {last} is neither a multiple of 128 nor the full dim {full_last}"
+            )
+        if len(block) >= 2:
+            sec, full_sec = block[-2], shape[-2]
+            if sec is not None and sec != full_sec and sec % 8:
+                problems.append(
+                    f"{op.name}: second-to-last block dim {sec} is neither a multiple of 8 nor the full dim {full_sec}"
+                )
+    return problems
+
+
+def _mxu_seconds(call: CallFacts, chip: Chip) -> float:
+    total = 0.0
+    align = chip.mxu_shape or 1
+    for d in call.body.dots:
+        sub = 8 if chip.is_gpu else chip.native_tile(d.lhs_dtype)[0]
+        m, n, k = _pad(d.m, sub), _pad(d.n, align), _pad(d.k, align)
+        widest = d.lhs_dtype if dtype_bytes(d.lhs_dtype) >= dtype_bytes(d.rhs_dtype) else d.rhs_dtype
+        total += 2 * d.batch * m * n * k * d.count / chip.device_peak_flops(widest)
+    return total
+
+
+def _lane_padding(call: CallFacts) -> float:
+    """VPU work runs on whole 8x128 vregs: a block whose last dim is narrow wastes lanes."""
+    blocks = [o for o in call.operands if o.is_pipelined and o.block_shape]
+    if not blocks:
+        return 1.0
+    widest = max(blocks, key=lambda o: o.block_elems)
+    last = widest.block_shape[-1] or 1
+    return _pad(last, 128) / last
+
+
+def _megacore_split(call: CallFacts, chip: Chip) -> bool:
+    if not chip.megacore or not call.dimension_semantics:
+        return False
+    return any(
+        s in ("parallel", "core_parallel") and call.grid[a] >= 2
+        for a, s in enumerate(call.dimension_semantics)
+        if a < len(call.grid)
+    )
+
+
+def estimate_call(call: CallFacts, chip: Chip, order: Sequence[int] | None = None) -> CallEstimate:
+    """The roofline estimate of one pallas_call (grid visited in `order`, default as written)."""
+    steps = call.steps
+    problems = legality_problems(call, chip)
+    traffic: list[Traffic] = []
+    notes: list[str] = []
+    first_bytes = 0
+    last_bytes = 0
+    for op in call.operands:
+        if not op.is_pipelined:
+            if op.memory_space in ("any", "hbm"):
+                traffic.append(Traffic(op.name, 1, op.array_bytes, "manual-dma"))
+                notes.append(f"{op.name} is copied by hand (memory_space=ANY): counted as one pass over the array")
+            continue
+        fetches, method = block_fetches(op, call.grid, order)
+        traffic.append(Traffic(op.name, fetches, fetches * op.block_bytes, method))
+        if op.role == "in":
+            first_bytes += op.block_bytes
+        else:
+            last_bytes += op.block_bytes
+    total_bytes = sum(t.bytes for t in traffic)
+    bw = chip.device_hbm_bw_bytes_s
+    mxu = _mxu_seconds(call, chip)
+    vpu = call.body.vpu_elems * _lane_padding(call) / (chip.vpu_flops / chip.devices_per_chip)
+    eup = call.body.transcendental_elems * _lane_padding(call) / (chip.eup_ops / chip.devices_per_chip)
+    compute_step = max(mxu, vpu + eup)
+    split = _megacore_split(call, chip)
+    cores = 2 if split else 1
+    overhead_total = steps * chip.step_overhead_s / cores
+    compute_total = steps * compute_step / cores
+    dma_total = total_bytes / bw
+    edge = (first_bytes + last_bytes) / bw
+    body_time = max(dma_total, compute_total + overhead_total)
+    time_s = body_time + edge
+    if dma_total >= compute_total + overhead_total:
+        bound = "memory"
+    elif overhead_total > compute_total:
+        bound = "step-overhead"
+    else:
+        bound = "compute"
+    vmem = vmem_footprint(call, chip)
+    limit = call.vmem_limit_bytes or chip.default_scoped_vmem_bytes
+    fits = vmem <= limit * VMEM_MARGIN if call.vmem_limit_bytes is None else vmem <= limit
+    if not fits:
+        problems.append(
+            f"VMEM footprint {vmem / 2**20:.1f} MiB exceeds the scoped limit {limit / 2**20:.0f} MiB"
+            + (" (raise vmem_limit_bytes)" if vmem <= chip.vmem_bytes * VMEM_MARGIN else " and the chip's VMEM")
+        )
+    if limit > chip.vmem_bytes:
+        problems.append(
+            f"vmem_limit_bytes {limit / 2**20:.0f} MiB exceeds the chip's VMEM {chip.vmem_bytes / 2**20:.0f} MiB"
+        )
+        fits = False
+    flops = call.flops
+    dtypes = [d.lhs_dtype for d in call.body.dots] or ["bfloat16"]
+    peak = chip.device_peak_flops(dtypes[0])
+    util = flops / (time_s * peak) if time_s > 0 and peak > 0 else 0.0
+    return CallEstimate(
+        call=call.index,
+        chip=chip.name,
+        time_s=time_s,
+        bound=bound if not problems else ("illegal" if legality_problems(call, chip) else bound),
+        steps=steps,
+        flops=flops,
+        bytes=total_bytes,
+        mxu_s=mxu * steps / cores,
+        vpu_s=vpu * steps / cores,
+        eup_s=eup * steps / cores,
+        dma_s=dma_total,
+        overhead_s=overhead_total,
+        edge_s=edge,
+        vmem_bytes=vmem,
+        vmem_limit_bytes=limit,
+        fits_vmem=fits,
+        legal=not legality_problems(call, chip),
+        problems=tuple(problems),
+        traffic=tuple(traffic),
+        megacore_split=split,
+        utilization=util,
+        notes=tuple(notes),
+    )
+
+
+def estimate_calls(calls: Sequence[CallFacts], chip: Chip) -> Estimate:
+    return Estimate(chip=chip.name, calls=tuple(estimate_call(c, chip) for c in calls))
+
+
+def explain(e: CallEstimate, chip: Chip) -> str:
+    """One paragraph an engineer can check: what bounds the call and why."""
+    ms = 1e3
+    parts = [
+        f"{e.steps} grid steps; est. {e.time_s * ms:.3f} ms ({e.bound}-bound) on {chip.name}.",
+        f"HBM traffic {e.bytes / 2**20:.1f} MiB -> {e.dma_s * ms:.3f} ms at {chip.device_hbm_bw_bytes_s / 1e9:.0f} GB/s;",
+        f"MXU {e.mxu_s * ms:.3f} ms, VPU {e.vpu_s * ms:.3f} ms, EUP {e.eup_s * ms:.3f} ms;",
+        f"step overhead {e.overhead_s * ms:.3f} ms ({chip.step_overhead_s * 1e6:.2f} us x {e.steps}).",
+        f"VMEM {e.vmem_bytes / 2**20:.2f} of {e.vmem_limit_bytes / 2**20:.0f} MiB.",
+    ]
+    refetch = [t for t in e.traffic if t.fetches > 1 and t.bytes > 0]
+    if refetch:
+        worst = max(refetch, key=lambda t: t.bytes)
+        parts.append(
+            f"Largest traffic: {worst.operand}, {worst.fetches} block transfers ({worst.bytes / 2**20:.1f} MiB)."
+        )
+    if e.bound == "step-overhead":
+        parts.append("Blocks are small: per-step overhead dominates; bigger blocks would amortize it.")
+    elif e.bound == "memory" and e.flops:
+        parts.append(f"Arithmetic intensity {e.flops / max(e.bytes, 1):.1f} flop/byte is below the chip's ridge point.")
+    if e.utilization:
+        parts.append(f"MXU utilization {100 * e.utilization:.1f}% of peak.")
+    return " ".join(parts + list(e.notes) + list(e.problems))

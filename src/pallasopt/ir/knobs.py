@@ -1,0 +1,401 @@
+"""Tile knobs: the integer literals that set each pallas_call's block sizes, found by tracing, not by spelling.
+
+Every int literal whose value is a block size or grid extent is perturbed in turn (halved, or doubled) and the module
+re-traced; the literals whose change moves a block dimension or grid extent along grid axis g of call c control (c, g).
+Literals that control a shared axis are tied into one knob (they must move together to stay coherent): a knob is
+named after the Python name the literal is bound to (`bm`, `BLOCK_M`, a partial keyword), else `axis<g>`.
+This works for literals, module constants, defaults, `functools.partial` keywords and locals alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ..workload import load_source
+from .cst_edit import Located, Pos, replace_integers
+from .facts import CallFacts
+from .trace import trace_calls
+
+PROTECTED_FUNCTIONS = ("reference", "make_inputs", "hand_tuned")
+PROTECTED_NAMES = ("TOLERANCE", "CHECK_DIMS", "ENTRY")
+
+
+@dataclass(frozen=True)
+class Site:
+    """One integer literal in the source that a knob rewrites."""
+
+    pos: Pos
+    value: int
+    kind: str  # "block" (sets a block dim), "divisor" (divides a grid extent: moves with the block), "extent"
+    bound_name: str | None
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A tile size of one pallas_call: the literals that set the block along `axes` (tied together)."""
+
+    name: str
+    call: int
+    axes: tuple[int, ...]
+    value: int  # the block-site literal's current value
+    sites: tuple[Site, ...]
+
+
+def _bound_name(loc: Located, node: cst.Integer) -> str | None:
+    """The Python name an int literal is bound to: assignment target, parameter default, keyword, dict key."""
+    child: cst.CSTNode = node
+    parent = loc.parent(node)
+    while isinstance(parent, cst.UnaryOperation):
+        child, parent = parent, loc.parent(parent)
+    if isinstance(parent, cst.Param) and parent.default is child:
+        return parent.name.value
+    if isinstance(parent, cst.Arg) and parent.keyword is not None:
+        return parent.keyword.value
+    if isinstance(parent, cst.DictElement) and isinstance(parent.key, cst.SimpleString):
+        return parent.key.evaluated_value if isinstance(parent.key.evaluated_value, str) else None
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+        t = parent.targets[0].target
+        return t.value if isinstance(t, cst.Name) else None
+    if isinstance(parent, cst.Element):
+        tup = loc.parent(parent)
+        assign = loc.parent(tup) if tup is not None else None
+        if isinstance(tup, cst.Tuple) and isinstance(assign, cst.Assign) and len(assign.targets) == 1:
+            target = assign.targets[0].target
+            if isinstance(target, cst.Tuple) and len(target.elements) == len(tup.elements):
+                idx = list(tup.elements).index(parent)
+                el = target.elements[idx].value
+                return el.value if isinstance(el, cst.Name) else None
+    if isinstance(parent, cst.AnnAssign) and isinstance(parent.target, cst.Name):
+        return parent.target.value
+    return None
+
+
+def _protected(loc: Located, node: cst.CSTNode) -> bool:
+    cur = loc.parent(node)
+    while cur is not None:
+        if isinstance(cur, cst.FunctionDef) and cur.name.value in PROTECTED_FUNCTIONS:
+            return True
+        if isinstance(cur, cst.Assign):
+            for t in cur.targets:
+                if isinstance(t.target, cst.Name) and t.target.value in PROTECTED_NAMES:
+                    return True
+        cur = loc.parent(cur)
+    return False
+
+
+def candidate_literals(module: cst.Module, values: set[int]) -> list[tuple[Pos, int, str | None]]:
+    """Int literals outside the protected interface whose value is one of `values`."""
+    loc = Located.of(module)
+    out: list[tuple[Pos, int, str | None]] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Integer(self, node: cst.Integer) -> None:
+            try:
+                v = int(node.evaluated_value)
+            except ValueError:
+                return
+            if v in values and not _protected(loc, node):
+                out.append((loc.start(node), v, _bound_name(loc, node)))
+
+    loc.wrapper.module.visit(Finder())
+    return out
+
+
+def grid_axis_of(call: CallFacts, operand: int, dim: int) -> int | None:
+    """The single grid axis a block dim follows with coefficient 1 (None: fixed, or follows several axes)."""
+    op = call.operands[operand]
+    deps = op.index_map.depends_on[dim] if dim < len(op.index_map.depends_on) else ()
+    return deps[0] if len(deps) == 1 else None
+
+
+def interesting_values(calls: tuple[CallFacts, ...]) -> set[int]:
+    vals: set[int] = set()
+    for c in calls:
+        vals.update(g for g in c.grid if g > 1)
+        for i, op in enumerate(c.operands):
+            if not op.is_pipelined:
+                continue
+            for d, b in enumerate(op.block_shape):
+                if b is not None and b > 1 and grid_axis_of(c, i, d) is not None:
+                    vals.add(b)
+    return vals
+
+
+def _effects(
+    before: tuple[CallFacts, ...], after: tuple[CallFacts, ...], shrunk: bool = True
+) -> set[tuple[int, int, str]] | None:
+    """Which (call, axis, kind) a perturbation moved; None when it changed something no knob may change."""
+    if len(before) != len(after):
+        return None
+    found: set[tuple[int, int, str]] = set()
+    for c0, c1 in zip(before, after, strict=True):
+        if len(c0.grid) != len(c1.grid) or len(c0.operands) != len(c1.operands):
+            return None
+        block_axes: set[int] = set()
+        for i, (o0, o1) in enumerate(zip(c0.operands, c1.operands, strict=True)):
+            for d, (b0, b1) in enumerate(zip(o0.block_shape, o1.block_shape, strict=True)):
+                if b0 != b1:
+                    axis = grid_axis_of(c0, i, d)
+                    if axis is None:
+                        return None  # moved a block dim that no grid axis walks: not a tile size
+                    block_axes.add(axis)
+        for a in block_axes:
+            found.add((c0.index, a, "block"))
+        for a, (g0, g1) in enumerate(zip(c0.grid, c1.grid, strict=True)):
+            if g0 != g1 and a not in block_axes:
+                # The literal was halved (or doubled): an extent moves the same way, a divisor the other way.
+                found.add((c0.index, a, "extent" if (g1 < g0) == shrunk else "divisor"))
+    return found
+
+
+def _perturbed_calls(
+    path: str, values: Mapping[Pos, int], module: cst.Module
+) -> tuple[tuple[CallFacts, ...], bool] | None:
+    """Re-trace with the literals at `values` halved (else doubled); the new facts and whether they shrank."""
+    halved = {p: v // 2 for p, v in values.items()}
+    doubled = {p: v * 2 for p, v in values.items()}
+    trials = ([(halved, True)] if all(v % 2 == 0 and v >= 2 for v in values.values()) else []) + [(doubled, False)]
+    for trial, shrunk in trials:
+        new = replace_integers(module, trial).code
+        try:
+            return trace_calls(load_source(new, path)), shrunk
+        except Exception:
+            continue
+    return None
+
+
+_CACHE: dict[str, tuple[Knob, ...]] = {}
+
+
+def discover_knobs(source: str, path: str, calls: tuple[CallFacts, ...], digest: str) -> tuple[Knob, ...]:
+    """All tile knobs of a module (cached by source digest)."""
+    if digest in _CACHE:
+        return _CACHE[digest]
+    module = cst.parse_module(source)
+    controls: dict[Pos, set[tuple[int, int, str]]] = {}
+    info: dict[Pos, tuple[int, str | None]] = {}
+    names: dict[Pos, str | None] = {}
+    for pos, value, name in candidate_literals(module, interesting_values(calls)):
+        names[pos] = name
+        res = _perturbed_calls(path, {pos: value}, module)
+        if res is None:
+            continue
+        effects = _effects(calls, res[0], res[1])
+        if effects:
+            controls[pos] = effects
+            info[pos] = (value, name)
+    _add_structural(module, path, calls, controls, info, names)
+    knobs = _group(controls, info, calls)
+    _CACHE[digest] = knobs
+    return knobs
+
+
+def _add_structural(
+    module: cst.Module,
+    path: str,
+    calls: tuple[CallFacts, ...],
+    controls: dict[Pos, set[tuple[int, int, str]]],
+    info: dict[Pos, tuple[int, str | None]],
+    names: Mapping[Pos, str | None],
+) -> None:
+    """Add literal groups the single-literal perturbation could not resolve, after a joint re-trace confirms them."""
+    covered = {(c, a) for eff in controls.values() for c, a, k in eff if k == "block"}
+    for call in calls:
+        for axis, sites in structural_sites(module, call).items():
+            if (call.index, axis) in covered or not any(k == "block" for _, _, k in sites):
+                continue
+            res = _perturbed_calls(path, {p: v for p, v, _ in sites}, module)
+            if res is None:
+                continue
+            effects = _effects(calls, res[0], res[1])
+            if effects is None or {(c, a) for c, a, _ in effects} != {(call.index, axis)}:
+                continue
+            for pos, value, kind in sites:
+                controls[pos] = {(call.index, axis, kind)}
+                info[pos] = (value, names.get(pos))
+
+
+def _group(
+    controls: Mapping[Pos, set[tuple[int, int, str]]],
+    info: Mapping[Pos, tuple[int, str | None]],
+    calls: tuple[CallFacts, ...],
+) -> tuple[Knob, ...]:
+    """Tie literals that control a common (call, axis) into knobs (union-find over shared axes)."""
+    parent: dict[Pos, Pos] = {p: p for p in controls}
+
+    def find(p: Pos) -> Pos:
+        while parent[p] != p:
+            parent[p] = parent[parent[p]]
+            p = parent[p]
+        return p
+
+    owner: dict[tuple[int, int], Pos] = {}
+    for p, effects in controls.items():
+        for c, a, _kind in effects:
+            if (c, a) in owner:
+                parent[find(p)] = find(owner[(c, a)])
+            else:
+                owner[(c, a)] = p
+    groups: dict[Pos, list[Pos]] = {}
+    for p in controls:
+        groups.setdefault(find(p), []).append(p)
+    knobs: list[Knob] = []
+    for members in groups.values():
+        members.sort()
+        axes_by_call: dict[int, set[int]] = {}
+        for p in members:
+            for c, a, _ in controls[p]:
+                axes_by_call.setdefault(c, set()).add(a)
+        sites = tuple(
+            Site(
+                pos=p,
+                value=info[p][0],
+                kind=_site_kind({k for _, _, k in controls[p]}),
+                bound_name=info[p][1],
+            )
+            for p in members
+        )
+        block_sites = [s for s in sites if s.kind == "block"]
+        if not block_sites:
+            continue  # only grid extents: nothing to tile
+        names = sorted({s.bound_name for s in block_sites if s.bound_name})
+        for c, axes in sorted(axes_by_call.items()):
+            name = "_".join(names) if names else f"axis{min(axes)}"
+            knobs.append(Knob(name=name, call=c, axes=tuple(sorted(axes)), value=block_sites[0].value, sites=sites))
+    return _unique_names(knobs)
+
+
+def _site_kind(kinds: set[str]) -> str:
+    for k in ("block", "divisor", "extent"):
+        if k in kinds:
+            return k
+    return "block"
+
+
+def _unique_names(knobs: list[Knob]) -> tuple[Knob, ...]:
+    seen: dict[tuple[int, str], int] = {}
+    out: list[Knob] = []
+    for k in sorted(knobs, key=lambda k: (k.call, k.axes)):
+        key = (k.call, k.name)
+        if key in seen:
+            seen[key] += 1
+            k = Knob(name=f"{k.name}{seen[key]}", call=k.call, axes=k.axes, value=k.value, sites=k.sites)
+        else:
+            seen[key] = 0
+        out.append(k)
+    return tuple(out)
+
+
+# --- Structural fallback: literals written in place (`pl.BlockSpec((128, 128), ...)`, `grid=(M // 128, ...)`) are
+# coupled through the kernel body, so perturbing one alone breaks the trace. Read the BlockSpecs of the pallas_call
+# instead, map each literal to (operand, dim) -> grid axis, and verify the tied group by one joint re-trace.
+
+
+def _is_blockspec(node: cst.CSTNode) -> bool:
+    if not isinstance(node, cst.Call):
+        return False
+    f = node.func
+    return (isinstance(f, cst.Attribute) and f.attr.value == "BlockSpec") or (
+        isinstance(f, cst.Name) and f.value == "BlockSpec"
+    )
+
+
+def _resolve(loc: Located, at: cst.CSTNode, expr: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    from .cst_edit import resolve_local
+
+    seen = 0
+    while isinstance(expr, cst.Name) and seen < 5:
+        expr = resolve_local(loc, at, expr.value)
+        seen += 1
+    return expr
+
+
+def _spec_list(loc: Located, call: cst.Call, key: str) -> list[cst.BaseExpression | None]:
+    from .cst_edit import keyword
+
+    holder: cst.Call = call
+    arg = keyword(call, key)
+    if arg is None:
+        gs = keyword(call, "grid_spec")
+        gs_val = _resolve(loc, call, gs.value) if gs is not None else None
+        if isinstance(gs_val, cst.Call):
+            holder = gs_val
+            arg = keyword(gs_val, key)
+    if arg is None:
+        return []
+    val = _resolve(loc, holder, arg.value)
+    if isinstance(val, cst.List | cst.Tuple) and not (key == "grid"):
+        return [_resolve(loc, holder, e.value) for e in val.elements]
+    return [val]
+
+
+def _block_tuple(spec: cst.BaseExpression | None) -> list[cst.BaseExpression] | None:
+    if not _is_blockspec(spec) or spec is None:
+        return None
+    assert isinstance(spec, cst.Call)
+    shape: cst.BaseExpression | None = None
+    for a in spec.args:
+        if (a.keyword is None and shape is None) or (a.keyword is not None and a.keyword.value == "block_shape"):
+            shape = a.value
+            if a.keyword is not None:
+                break
+    if isinstance(shape, cst.Tuple | cst.List):
+        return [e.value for e in shape.elements]
+    return None
+
+
+def structural_sites(module: cst.Module, call: CallFacts) -> dict[int, list[tuple[Pos, int, str]]]:
+    """Literal sites per grid axis of one call: {axis: [(pos, value, kind)]}, kind "block" or "extent"."""
+    from .cst_edit import find_call_node
+
+    loc = Located.of(module)
+    try:
+        node = find_call_node(loc, call)
+    except Exception:
+        return {}
+    specs = _spec_list(loc, node, "in_specs") + _spec_list(loc, node, "out_specs")
+    pipelined = [i for i, o in enumerate(call.operands)]
+    out: dict[int, list[tuple[Pos, int, str]]] = {}
+    if len(specs) == len(pipelined) - call.num_scalar_prefetch or len(specs) == len(call.operands):
+        for i, spec in enumerate(specs):
+            elems = _block_tuple(spec)
+            op = call.operands[i]
+            if elems is None or len(elems) != len(op.block_shape):
+                continue
+            for d, e in enumerate(elems):
+                axis = grid_axis_of(call, i, d)
+                if axis is not None and isinstance(e, cst.Integer) and int(e.evaluated_value) == op.block_shape[d]:
+                    out.setdefault(axis, []).append((loc.start(e), int(e.evaluated_value), "block"))
+    grid = _spec_list(loc, node, "grid")
+    if grid and isinstance(grid[0], cst.Tuple):
+        for g, el in enumerate(grid[0].elements):
+            if g >= len(call.grid):
+                break
+            v = el.value
+            if isinstance(v, cst.Integer):
+                out.setdefault(g, []).append((loc.start(v), int(v.evaluated_value), "extent"))
+            elif isinstance(v, cst.BinaryOperation) and isinstance(v.right, cst.Integer):
+                out.setdefault(g, []).append((loc.start(v.right), int(v.right.evaluated_value), "divisor"))
+            elif isinstance(v, cst.Call) and len(v.args) == 2 and isinstance(v.args[1].value, cst.Integer):
+                lit = v.args[1].value
+                assert isinstance(lit, cst.Integer)
+                out.setdefault(g, []).append((loc.start(lit), int(lit.evaluated_value), "divisor"))
+    return out
+
+
+def scaled_values(sites: tuple[Site, ...], old: int, new: int) -> dict[Pos, int] | None:
+    """New literal values when the block along a knob goes from `old` to `new` (None: not integral)."""
+    values: dict[Pos, int] = {}
+    for s in sites:
+        if s.kind == "extent":
+            if (s.value * old) % new:
+                return None
+            values[s.pos] = s.value * old // new
+        else:
+            if (s.value * new) % old:
+                return None
+            values[s.pos] = s.value * new // old
+    return values

@@ -1,0 +1,198 @@
+"""tile: change the block sizes of a pallas_call coherently, wherever they are written."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..cost_model.hardware import Chip
+from ..cost_model.roofline import estimate_call, legality_problems, vmem_footprint
+from ..errors import UsageError, check
+from ..ir.cst_edit import replace_integers
+from ..ir.facts import CallFacts
+from ..ir.kernel_ir import KernelIR
+from ..ir.knobs import Knob, discover_knobs, scaled_values
+from .base import Pass
+
+MAX_CHOICES = 12
+SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def knobs_of(ir: KernelIR) -> tuple[Knob, ...]:
+    return discover_knobs(ir.source, ir.path, ir.calls, ir.digest)
+
+
+@dataclass(frozen=True)
+class TilePass(Pass):
+    """Change the block shape of one pallas_call: every BlockSpec, the grid, scratch and derived sizes follow.
+
+    Bigger blocks amortize the ~0.35 us per-step pipeline overhead and cut re-fetches (a matmul's x block is re-read
+    once per output column tile); they cost VMEM. Parameters: `call` (which pallas_call, in trace order) and one
+    `knob=size` per tile knob (see `pallasopt analyze`: a knob is named after the variable that sets it, e.g. `bm`,
+    or `axis<g>` for a literal). The rewrite edits the literals that set each knob, wherever they are written
+    (literal, constant, default argument, functools.partial keyword), and is verified by re-tracing.
+    """
+
+    name: ClassVar[str] = "tile"
+    call: int = 0
+    sizes: tuple[tuple[str, int], ...] = ()
+
+    def params(self) -> dict[str, Any]:
+        return {"call": self.call, **dict(self.sizes)}
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, str]) -> Pass:
+        sizes: list[tuple[str, int]] = []
+        call = 0
+        for k, v in params.items():
+            try:
+                n = int(v)
+            except ValueError:
+                raise UsageError(f"pass 'tile': {k}={v!r} must be an integer") from None
+            if k == "call":
+                call = n
+            else:
+                if n <= 0:
+                    raise UsageError(f"pass 'tile': {k}={n} must be positive")
+                sizes.append((k, n))
+        return cls(call=call, sizes=tuple(sizes))
+
+    def _knobs(self, ir: KernelIR) -> list[tuple[Knob, int]]:
+        check(0 <= self.call < len(ir.calls), f"no pallas_call #{self.call} (the module has {len(ir.calls)})")
+        check(self.sizes, "no tile sizes given")
+        knobs = {k.name: k for k in knobs_of(ir) if k.call == self.call}
+        out = []
+        for name, size in self.sizes:
+            check(name in knobs, f"call {self.call} has no tile knob {name!r} (knobs: {', '.join(knobs) or 'none'})")
+            out.append((knobs[name], size))
+        check(any(k.value != s for k, s in out), "the block sizes are already these")
+        return out
+
+    def predict(self, ir: KernelIR) -> tuple[CallFacts, ...]:
+        """The facts the rewrite should produce, computed without re-tracing (for ranking many choices)."""
+        return predict(ir.calls, knobs_of(ir), self._knobs(ir))
+
+    def apply(self, ir: KernelIR) -> KernelIR:
+        chosen = self._knobs(ir)
+        expected = predict(ir.calls, knobs_of(ir), chosen)
+        values: dict[tuple[int, int], int] = {}
+        for knob, size in chosen:
+            scaled = scaled_values(knob.sites, knob.value, size)
+            check(scaled is not None, f"{knob.name}={size} does not divide the grid evenly")
+            assert scaled is not None
+            values.update(scaled)
+        new = ir.with_module(replace_integers(ir.module, values), self.spec())
+        for got, want in zip(new.calls, expected, strict=True):
+            check(
+                got.grid == want.grid
+                and [o.block_shape for o in got.operands] == [o.block_shape for o in want.operands],
+                f"the rewrite was not coherent: call {got.index} traced to grid {got.grid} "
+                f"blocks {[o.block_shape for o in got.operands]}, expected grid {want.grid}",
+            )
+        return new
+
+    @classmethod
+    def choices(cls, ir: KernelIR, chip: Chip) -> tuple[Pass, ...]:
+        out: list[Pass] = []
+        knobs = knobs_of(ir)
+        for call in ir.calls:
+            mine = [k for k in knobs if k.call == call.index]
+            if not mine:
+                continue
+            options = [_options(call, k) for k in mine]
+            scored: list[tuple[float, TilePass]] = []
+            for combo in itertools.product(*options):
+                if all(size == k.value for k, size in zip(mine, combo, strict=True)):
+                    continue
+                chosen = [(k, s) for k, s in zip(mine, combo, strict=True)]
+                try:
+                    facts = predict(ir.calls, knobs, chosen)
+                except Exception:
+                    continue
+                new_call = facts[call.index]
+                if legality_problems(new_call, chip):
+                    continue
+                limit = new_call.vmem_limit_bytes or chip.default_scoped_vmem_bytes
+                if vmem_footprint(new_call, chip) > limit * 0.9:
+                    continue
+                t = sum(estimate_call(c, chip).time_s for c in facts)
+                p = cls(call=call.index, sizes=tuple((k.name, s) for k, s in chosen if s != k.value))
+                scored.append((t, p))
+            scored.sort(key=lambda x: (x[0], x[1].spec()))
+            out.extend(p for _, p in scored[:MAX_CHOICES])
+        return tuple(out)
+
+
+def _dims_along(call: CallFacts, knob: Knob) -> list[tuple[int, int, int]]:
+    """(operand, dim, array size) of every block dim that follows one of the knob's grid axes."""
+    from ..ir.knobs import grid_axis_of
+
+    out = []
+    for i, op in enumerate(call.operands):
+        for d, b in enumerate(op.block_shape):
+            if b is not None and grid_axis_of(call, i, d) in knob.axes:
+                out.append((i, d, op.shape[d]))
+    return out
+
+
+def _options(call: CallFacts, knob: Knob) -> list[int]:
+    """Sizes worth trying for a knob: powers of two near its value that divide every dim it tiles."""
+    dims = _dims_along(call, knob)
+    opts = {knob.value}
+    for s in SIZES:
+        if s < knob.value // 8 or s > knob.value * 32:
+            continue
+        ok = True
+        for i, d, size in dims:
+            b = call.operands[i].block_shape[d] or 1
+            new_b = b * s // knob.value if (b * s) % knob.value == 0 else 0
+            if new_b <= 0 or new_b > size or size % new_b:
+                ok = False
+        if ok:
+            opts.add(s)
+    return sorted(opts)
+
+
+def predict(
+    calls: tuple[CallFacts, ...], all_knobs: tuple[Knob, ...], chosen: list[tuple[Knob, int]]
+) -> tuple[CallFacts, ...]:
+    """Scale the block dims along each chosen knob's axes (in every call that shares its literals)."""
+    scale: dict[tuple[int, int], tuple[int, int]] = {}
+    for knob, size in chosen:
+        sites = {s.pos for s in knob.sites}
+        for k in all_knobs:
+            if {s.pos for s in k.sites} & sites:
+                for a in k.axes:
+                    scale[(k.call, a)] = (knob.value, size)
+    out = []
+    from ..ir.knobs import grid_axis_of
+
+    for call in calls:
+        ops = []
+        for i, op in enumerate(call.operands):
+            shape = list(op.block_shape)
+            for d, b in enumerate(shape):
+                axis = grid_axis_of(call, i, d)
+                if b is not None and axis is not None and (call.index, axis) in scale:
+                    old, new = scale[(call.index, axis)]
+                    if (b * new) % old:
+                        raise ValueError("block size not integral")
+                    shape[d] = b * new // old
+            ops.append(dataclasses.replace(op, block_shape=tuple(shape)))
+        grid = list(call.grid)
+        for a, g in enumerate(grid):
+            if (call.index, a) in scale:
+                old, new = scale[(call.index, a)]
+                if (g * old) % new:
+                    raise ValueError("grid extent not integral")
+                grid[a] = g * old // new
+        out.append(dataclasses.replace(call, grid=tuple(grid), operands=tuple(ops)))
+    return tuple(out)
+
+
+def _steps(call: CallFacts) -> int:
+    return math.prod(call.grid)
