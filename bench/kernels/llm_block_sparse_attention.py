@@ -104,12 +104,18 @@ def block_sparse_attention(q, k, v):
 
 
 def reference(q, k, v):
-    S, D = q.shape[-2:]
+    B, H, S, D = q.shape
     pos = jnp.arange(S)
     allowed = _allowed(pos[:, None], pos[None, :], S)
-    s = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32) / D**0.5
-    p = jax.nn.softmax(jnp.where(allowed, s, -jnp.inf), axis=-1)
-    return jnp.einsum("bhqk,bhkd->bhqd", p, v.astype(jnp.float32)).astype(q.dtype)
+
+    def one_head(qkv):  # dense masked attention for one (batch, head)
+        qh, kh, vh = qkv
+        s = jnp.dot(qh, kh.T, preferred_element_type=jnp.float32) / D**0.5
+        p = jax.nn.softmax(jnp.where(allowed, s, -jnp.inf), axis=-1)
+        return jnp.dot(p, vh.astype(jnp.float32)).astype(q.dtype)
+
+    out = jax.lax.map(one_head, tuple(a.reshape(B * H, S, D) for a in (q, k, v)))
+    return out.reshape(B, H, S, D)
 
 
 def hand_tuned(q, k, v):
@@ -140,5 +146,5 @@ def make_inputs(key, B=2, H=16, S=8192, D=128):
     return tuple(jax.random.normal(kk, (B, H, S, D), jnp.bfloat16) for kk in keys)
 
 
-CHECK_DIMS = {"B": 1, "H": 2, "S": 512, "D": 128}
-TOLERANCE = {"rtol": 2e-2, "atol": 3e-2}
+CHECK_DIMS = {"B": 2, "H": 2, "S": 512, "D": 128}
+TOLERANCE = {"rtol": 2e-2, "atol": 1e-2}

@@ -76,12 +76,18 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 
 
 def reference(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    S, D = q.shape[2], q.shape[3]
-    s = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32) / (D**0.5)
+    B, H, S, D = q.shape
     causal = jnp.tril(jnp.ones((S, S), dtype=bool))
-    s = jnp.where(causal, s, -jnp.inf)
-    p = jax.nn.softmax(s, axis=-1)
-    return jnp.einsum("bhqk,bhkd->bhqd", p, v.astype(jnp.float32)).astype(q.dtype)
+
+    def one_head(qkv):  # dense softmax attention of one (batch, head): (S, D) each
+        qh, kh, vh = qkv
+        s = jnp.dot(qh, kh.T, preferred_element_type=jnp.float32) / (D**0.5)
+        p = jax.nn.softmax(jnp.where(causal, s, -jnp.inf), axis=-1)
+        return jnp.dot(p, vh.astype(jnp.float32)).astype(q.dtype)
+
+    # lax.map over (batch, head) keeps the default-size reference at one S x S score matrix at a time
+    out = jax.lax.map(one_head, (q.reshape(B * H, S, D), k.reshape(B * H, S, D), v.reshape(B * H, S, D)))
+    return out.reshape(B, H, S, D)
 
 
 def hand_tuned(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
@@ -100,5 +106,5 @@ def make_inputs(key: jax.Array, B: int = 4, H: int = 32, S: int = 4096, D: int =
     )
 
 
-CHECK_DIMS = {"B": 1, "H": 2, "S": 256, "D": 128}
-TOLERANCE = {"rtol": 2e-2, "atol": 2e-2}
+CHECK_DIMS = {"B": 2, "H": 2, "S": 256, "D": 128}
+TOLERANCE = {"rtol": 2e-2, "atol": 1e-2}

@@ -3,18 +3,19 @@
 Per value head, with state S in R^{Dk x Dv}, decay g_t <= 0, write strength beta_t in (0, 1):
   S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - exp(g_t) S_{t-1}^T k_t))^T,   o_t = S_t^T q_t / sqrt(Dk)
 q and k are L2-normalized (done in make_inputs) and shared by pairs of value heads. The kernel uses
-the chunked WY form of transformers' torch_chunk_gated_delta_rule: inside a chunk the triangular
-system (I + strict_lower(beta k k^T * decay))^{-1} is formed, then the chunk's outputs and the
-carried state come from a few dense matmuls.
+the chunked WY form of transformers' torch_chunk_gated_delta_rule in two pallas_calls: the first
+forms, for every chunk independently, T = (I + strict_lower(beta k k^T * decay))^{-1} and the WY
+factors w, u; the second walks the chunks in order with the state, computing outputs and updates.
 
 Default size: B=4, S=4096, 16 q/k heads, 32 v heads, Dk=Dv=128, bf16 -- a Qwen3-Next-80B-A3B
 Gated DeltaNet layer (linear_num_key_heads 16, linear_num_value_heads 32, head dims 128) at 4k tokens.
 
 Naive choices:
-- chunk of 64 tokens (a local), grid (B, v heads, chunks); q/k chunks re-fetched for each of
-  the two value heads sharing them; state (Dk, Dv) in f32 VMEM scratch.
-- the triangular inverse is the product (I+N)(I+N^2)(I+N^4)... of six 64x64 f32 matmuls, recomputed
-  per head and chunk; every matmul runs in f32.
+- chunk of 64 tokens (a local), grid (B, v heads, chunks) in both calls; q/k chunks re-fetched
+  for each of the two value heads sharing them; w and u round-trip HBM in f32; the decay mask is
+  computed in both calls; state (Dk, Dv) in f32 VMEM scratch.
+- the triangular inverse is the product (I+N)(I+N^2)...(I+N^32): ten 64x64 matmuls per head and
+  chunk; every matmul runs in f32.
 - the chunk-local cumulative sum of g is computed by XLA and passed both as a column and as
   (B, Hv, chunks, 1, chunk) rows.
 """
@@ -41,7 +42,32 @@ def _unit_lower_inverse(n):
     return t
 
 
-def _gdn_chunk_kernel(q_ref, k_ref, v_ref, gc_ref, gr_ref, beta_ref, o_ref, s_ref):
+def _masks(C):
+    row = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
+    col = jax.lax.broadcasted_iota(jnp.int32, (C, C), 1)
+    return row, col
+
+
+NT = (((1,), (1,)), ((), ()))  # dot_general dims for a @ b.T
+
+
+def _wy_kernel(k_ref, v_ref, gc_ref, gr_ref, beta_ref, w_ref, u_ref):
+    """Per chunk: T = (I + strict_lower(beta k k^T * decay))^-1, w = T (beta k e^g), u = T (beta v)."""
+    C = k_ref.shape[0]
+    k = k_ref[...].astype(jnp.float32)
+    gc, beta = gc_ref[...], beta_ref[...]  # (C, 1)
+    row, col = _masks(C)
+    decay = jnp.exp(jnp.where(row >= col, gc - gr_ref[...], -jnp.inf))
+    kb = k * beta
+    n = -jnp.where(row > col, jax.lax.dot_general(kb, k, NT, preferred_element_type=jnp.float32) * decay, 0.0)
+    t = _unit_lower_inverse(n)
+    w_ref[...] = jnp.dot(t, kb * jnp.exp(gc), preferred_element_type=jnp.float32)
+    u_ref[...] = jnp.dot(t, v_ref[...].astype(jnp.float32) * beta, preferred_element_type=jnp.float32)
+
+
+def _recurrent_kernel(q_ref, k_ref, w_ref, u_ref, gc_ref, gr_ref, o_ref, s_ref):
+    """Sequential over chunks: outputs from the carried (Dk, Dv) state, then the state update."""
+
     @pl.when(pl.program_id(2) == 0)
     def _():
         s_ref[...] = jnp.zeros(s_ref.shape, jnp.float32)
@@ -49,22 +75,13 @@ def _gdn_chunk_kernel(q_ref, k_ref, v_ref, gc_ref, gr_ref, beta_ref, o_ref, s_re
     C, Dk = q_ref.shape
     q = q_ref[...].astype(jnp.float32) * Dk**-0.5
     k = k_ref[...].astype(jnp.float32)
-    v = v_ref[...].astype(jnp.float32)
-    gc, gr, beta = gc_ref[...], gr_ref[...], beta_ref[...]  # (C,1), (1,C), (C,1)
-    row = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
-    col = jax.lax.broadcasted_iota(jnp.int32, (C, C), 1)
+    gc, gr = gc_ref[...], gr_ref[...]  # (C, 1), (1, C)
+    row, col = _masks(C)
     decay = jnp.exp(jnp.where(row >= col, gc - gr, -jnp.inf))
-    nt = (((1,), (1,)), ((), ()))
 
-    kb = k * beta
-    n = -jnp.where(row > col, jax.lax.dot_general(kb, k, nt, preferred_element_type=jnp.float32) * decay, 0.0)
-    t = _unit_lower_inverse(n)
-    value = jnp.dot(t, v * beta, preferred_element_type=jnp.float32)
-    k_cumdecay = jnp.dot(t, kb * jnp.exp(gc), preferred_element_type=jnp.float32)
-
-    state = s_ref[...]  # (Dk, Dv)
-    v_new = value - jnp.dot(k_cumdecay, state, preferred_element_type=jnp.float32)
-    attn = jnp.where(row >= col, jax.lax.dot_general(q, k, nt, preferred_element_type=jnp.float32) * decay, 0.0)
+    state = s_ref[...]
+    v_new = u_ref[...] - jnp.dot(w_ref[...], state, preferred_element_type=jnp.float32)
+    attn = jnp.where(row >= col, jax.lax.dot_general(q, k, NT, preferred_element_type=jnp.float32) * decay, 0.0)
     out = jnp.dot(q * jnp.exp(gc), state, preferred_element_type=jnp.float32)
     out = out + jnp.dot(attn, v_new, preferred_element_type=jnp.float32)
     o_ref[...] = out.astype(o_ref.dtype)
@@ -83,6 +100,7 @@ def gated_delta_rule(q, k, v, g, beta):
     nc = S // chunk
     rep = Hv // Hk
     g_cum = jnp.cumsum(g.reshape(B, Hv, nc, chunk), axis=-1).reshape(B, Hv, S)
+    g_col, g_row = g_cum[..., None], g_cum.reshape(B, Hv, nc, 1, chunk)
 
     def qk_map(b, h, c):
         return (b, jax.lax.div(h, rep), c, 0)
@@ -91,21 +109,29 @@ def gated_delta_rule(q, k, v, g, beta):
         return (b, h, c, 0)
 
     col_spec = pl.BlockSpec((None, None, chunk, 1), v_map)
-    return pl.pallas_call(
-        _gdn_chunk_kernel,
+    row_spec = pl.BlockSpec((None, None, None, 1, chunk), lambda b, h, c: (b, h, c, 0, 0))
+    k_spec = pl.BlockSpec((None, None, chunk, Dk), qk_map)
+    w_spec = pl.BlockSpec((None, None, chunk, Dk), v_map)
+    u_spec = pl.BlockSpec((None, None, chunk, Dv), v_map)
+
+    w, u = pl.pallas_call(
+        _wy_kernel,
         grid=(B, Hv, nc),
-        in_specs=[
-            pl.BlockSpec((None, None, chunk, Dk), qk_map),
-            pl.BlockSpec((None, None, chunk, Dk), qk_map),
-            pl.BlockSpec((None, None, chunk, Dv), v_map),
-            col_spec,
-            pl.BlockSpec((None, None, None, 1, chunk), lambda b, h, c: (b, h, c, 0, 0)),
-            col_spec,
+        in_specs=[k_spec, u_spec, col_spec, row_spec, col_spec],
+        out_specs=[w_spec, u_spec],
+        out_shape=[
+            jax.ShapeDtypeStruct((B, Hv, S, Dk), jnp.float32),
+            jax.ShapeDtypeStruct((B, Hv, S, Dv), jnp.float32),
         ],
-        out_specs=pl.BlockSpec((None, None, chunk, Dv), v_map),
+    )(k, v, g_col, g_row, beta[..., None])
+    return pl.pallas_call(
+        _recurrent_kernel,
+        grid=(B, Hv, nc),
+        in_specs=[k_spec, k_spec, w_spec, u_spec, col_spec, row_spec],
+        out_specs=u_spec,
         out_shape=jax.ShapeDtypeStruct((B, Hv, S, Dv), v.dtype),
         scratch_shapes=[pltpu.VMEM((Dk, Dv), jnp.float32)],
-    )(q, k, v, g_cum[..., None], g_cum.reshape(B, Hv, nc, 1, chunk), beta[..., None])
+    )(q, k, w, u, g_col, g_row)
 
 
 def reference(q, k, v, g, beta):
@@ -137,12 +163,13 @@ def make_inputs(key, B=4, S=4096, Hk=16, Hv=32, Dk=128, Dv=128):
     q = l2norm(jax.random.normal(kq, (B, Hk, S, Dk), jnp.float32))
     k = l2norm(jax.random.normal(kk, (B, Hk, S, Dk), jnp.float32))
     v = jax.random.normal(kv, (B, Hv, S, Dv), jnp.bfloat16)
-    # g = -exp(A_log) * softplus(a + dt_bias): per-head rate in [1, 16] times a step in [1e-3, 1e-1]
-    rate = jax.random.uniform(ka, (1, Hv, 1), jnp.float32, 1.0, 16.0)
-    g = -rate * jnp.exp(jax.random.uniform(kdt, (B, Hv, S), jnp.float32, jnp.log(1e-3), jnp.log(1e-1)))
+    # g = -exp(A_log) * softplus(a + dt_bias): per-head rates spread log-uniformly over [1e-3, 0.3]
+    # (memories from ~3 to ~1000 tokens), jittered per token
+    rate = jnp.exp(jax.random.uniform(ka, (1, Hv, 1), jnp.float32, jnp.log(1e-3), jnp.log(0.3)))
+    g = -rate * jax.random.uniform(kdt, (B, Hv, S), jnp.float32, 0.5, 1.5)
     beta = jax.nn.sigmoid(jax.random.normal(kb, (B, Hv, S), jnp.float32))
     return q, k, v, g, beta
 
 
-CHECK_DIMS = {"B": 1, "S": 256, "Hk": 2, "Hv": 4, "Dk": 128, "Dv": 128}
-TOLERANCE = {"rtol": 2e-2, "atol": 2e-2}
+CHECK_DIMS = {"B": 2, "S": 256, "Hk": 2, "Hv": 4, "Dk": 128, "Dv": 128}
+TOLERANCE = {"rtol": 2e-2, "atol": 2e-3}  # outputs are small (std ~0.03): unit q scaled by 1/sqrt(Dk)

@@ -77,11 +77,17 @@ def gqa_attention(q, k, v, block_q=128, block_k=128):
 def reference(q, k, v):
     B, Hq, S, D = q.shape
     group = Hq // k.shape[1]
-    k = jnp.repeat(k, group, axis=1).astype(jnp.float32)
-    v = jnp.repeat(v, group, axis=1).astype(jnp.float32)
-    s = jnp.einsum("bhqd,bhkd->bhqk", q.astype(jnp.float32), k) / (D**0.5)
-    s = jnp.where(jnp.tril(jnp.ones((S, S), dtype=bool)), s, -jnp.inf)
-    return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, axis=-1), v).astype(q.dtype)
+    k = jnp.repeat(k, group, axis=1).reshape(B * Hq, S, D)  # query head h uses KV head h // group
+    v = jnp.repeat(v, group, axis=1).reshape(B * Hq, S, D)
+    causal = jnp.tril(jnp.ones((S, S), dtype=bool))
+
+    def one_head(qkv):
+        qh, kh, vh = (a.astype(jnp.float32) for a in qkv)
+        s = jnp.where(causal, qh @ kh.T / (D**0.5), -jnp.inf)
+        return (jax.nn.softmax(s, axis=-1) @ vh).astype(q.dtype)
+
+    # one (batch, head) at a time: a single S x S score matrix in memory at the default size
+    return jax.lax.map(one_head, (q.reshape(B * Hq, S, D), k, v)).reshape(B, Hq, S, D)
 
 
 def hand_tuned(q, k, v):
@@ -107,4 +113,4 @@ def make_inputs(key, B=2, Hq=32, Hkv=8, S=8192, D=128):
 
 
 CHECK_DIMS = {"B": 2, "Hq": 4, "Hkv": 2, "S": 256, "D": 128}
-TOLERANCE = {"rtol": 2e-2, "atol": 3e-2}
+TOLERANCE = {"rtol": 2e-2, "atol": 1e-2}

@@ -15,7 +15,9 @@ Naive choices:
   16) and transposes q to (Hq, rows, D); the output is gathered back afterwards.
 - grid (q blocks, pages): one page per step, every page slot of the sequence is fetched, also the
   unused ones; all 32 heads are handled in each step by unrolled Python loops.
-- K/V of a head are read with strided loads from the page; the f32 output block is the accumulator.
+- Mosaic has no strided bf16 loads, so each page is first copied to an f32 VMEM scratch and each
+  head's K/V rows are read from there with strided loads (f32 dots); the f32 output block is the
+  accumulator.
 
 No hand_tuned: JAX's ragged_paged_attention kernel does not lower here without a TPU. Its body
 floor-divides, `sign` lowering asks tpu_info for the device kind, and on this CPU-only machine that
@@ -46,7 +48,7 @@ def _metadata(cu_q_lens, num_seqs, n_blocks):
     return q_lens.astype(jnp.int32), blk_start, seq, q0
 
 
-def _kernel(kv_lens, q_lens, pages, blk_seq, blk_q0, q_ref, kv_ref, o_ref, m_ref, l_ref, *, page_size, group):
+def _kernel(kv_lens, q_lens, pages, blk_seq, blk_q0, q_ref, kv_ref, o_ref, m_ref, l_ref, kv32, *, page_size, group):
     i, p = pl.program_id(0), pl.program_id(1)
     seq = blk_seq[i]
     kv_len, q_len = kv_lens[seq], q_lens[seq]
@@ -66,17 +68,19 @@ def _kernel(kv_lens, q_lens, pages, blk_seq, blk_q0, q_ref, kv_ref, o_ref, m_ref
         q_pos = kv_len - q_len + q_idx
         k_pos = p * page_size + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
         ok = (q_idx < q_len) & (k_pos <= q_pos)
+        kv32[...] = kv_ref[...].astype(jnp.float32)  # rows: token-major, then 2*Hkv combined heads
         for kh in range(two_hkv // 2):
-            k = kv_ref[pl.ds(2 * kh, page_size, stride=two_hkv), :]
-            v = kv_ref[pl.ds(2 * kh + 1, page_size, stride=two_hkv), :]
+            k = kv32[pl.ds(2 * kh, page_size, stride=two_hkv), :]
+            v = kv32[pl.ds(2 * kh + 1, page_size, stride=two_hkv), :]
             for h in range(kh * group, (kh + 1) * group):
-                s = jnp.dot(q_ref[h], k.T, preferred_element_type=jnp.float32) * q_ref.shape[-1] ** -0.5
+                q = q_ref[h].astype(jnp.float32)
+                s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * q_ref.shape[-1] ** -0.5
                 s = jnp.where(ok, s, -1e30)
                 m_new = jnp.maximum(m_ref[h], jnp.max(s, axis=1, keepdims=True))
                 e = jnp.where(ok, jnp.exp(s - m_new), 0.0)
                 c = jnp.exp(m_ref[h] - m_new)
                 l_ref[h] = c * l_ref[h] + jnp.sum(e, axis=1, keepdims=True)
-                o_ref[h] = c * o_ref[h] + jnp.dot(e.astype(v.dtype), v, preferred_element_type=jnp.float32)
+                o_ref[h] = c * o_ref[h] + jnp.dot(e, v, preferred_element_type=jnp.float32)
                 m_ref[h] = m_new
 
     @pl.when(p == pl.num_programs(1) - 1)
@@ -106,7 +110,8 @@ def ragged_paged_attention(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_se
                 pl.BlockSpec((None, page_size * two_hkv, D), lambda i, p, kl, ql, pt, bs, b0: (pt[bs[i], p], 0, 0)),
             ],
             out_specs=pl.BlockSpec((Hq, ROWS, D), lambda i, p, *_: (0, i, 0)),
-            scratch_shapes=[pltpu.VMEM((Hq, ROWS, 1), jnp.float32)] * 2,
+            scratch_shapes=[pltpu.VMEM((Hq, ROWS, 1), jnp.float32)] * 2
+            + [pltpu.VMEM((page_size * two_hkv, D), jnp.float32)],
         ),
         out_shape=jax.ShapeDtypeStruct((Hq, n_blocks * ROWS, D), jnp.float32),
     )(kv_lens, q_lens, page_indices, blk_seq, blk_q0, q_pad, kv_flat)
@@ -157,4 +162,4 @@ def make_inputs(key, T=2048, max_seqs=32, Hq=32, Hkv=8, D=128, page_size=32, pag
 
 
 CHECK_DIMS = {"T": 96, "max_seqs": 8, "Hq": 4, "Hkv": 2, "D": 128, "page_size": 16, "pages_per_seq": 8}
-TOLERANCE = {"rtol": 2e-2, "atol": 2e-2}
+TOLERANCE = {"rtol": 2e-2, "atol": 1e-2}

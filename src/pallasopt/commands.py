@@ -1,8 +1,239 @@
-"""Subcommands added to the CLI by later parts (apply, run, replay, db, bench)."""
+"""Subcommands beyond analyze/check/passes: apply, run, replay, db."""
 
 from __future__ import annotations
 
+import argparse
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-ADDERS: tuple[Callable[[Any], None], ...] = ()
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.table import Table
+
+from .errors import ExitCode, UsageError
+
+
+def _add_apply(sub: Any) -> None:
+    p = sub.add_parser("apply", help="run a pass pipeline on a kernel, pass by pass")
+    p.add_argument("file")
+    p.add_argument(
+        "-p", "--passes", required=True, help='pipeline spec, e.g. "tile{call=0,bm=256},dimension-semantics"'
+    )
+    p.add_argument("--print-after-all", action="store_true", help="print the source after every pass")
+    p.add_argument("--print-after", action="append", default=[], metavar="NAME", help="print the source after NAME")
+    p.add_argument("--diff", action="store_true", help="print a unified diff after each pass")
+    p.add_argument("--time-passes", action="store_true", help="print each pass's wall time")
+    p.add_argument("--check", action="store_true", help="run the correctness oracle on the result")
+    p.add_argument("-o", "--output", help="write the result here (never the input unless it is named)")
+    p.add_argument("--force", action="store_true", help="overwrite OUTPUT if it exists")
+    p.set_defaults(handler=cmd_apply)
+
+
+def _add_run(sub: Any) -> None:
+    p = sub.add_parser("run", help="optimize a kernel: beam search over passes, ranked by the fidelity tiers")
+    p.add_argument("file")
+    p.add_argument("--beam", type=int, default=8)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--target", default="v5e")
+    p.add_argument("-o", "--output", help="optimized kernel path (default FILE_STEM.opt.py beside the kernel)")
+    p.add_argument("--in-place", action="store_true", help="replace the input kernel with the optimized one")
+    p.add_argument("--report", metavar="DIR", help="write a Markdown/HTML report with plots to DIR")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the result")
+    p.add_argument("--db", help="kernel database path (default .pallasopt/kernels.db beside the kernel)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted search")
+    p.add_argument("--fresh", action="store_true", help="search again even if the database has this run")
+    p.add_argument("--budget-seconds", type=float, default=None)
+    p.add_argument("--max-candidates", type=int, default=None)
+    p.add_argument("--passes", default="", help="comma-separated pass names to search over (default: all)")
+    p.add_argument("--no-compile", action="store_true", help="skip the deviceless TPU compiler tier")
+    p.add_argument("--jobs", type=int, default=2, help="evaluations run in parallel (child processes)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=cmd_run)
+
+
+def _add_replay(sub: Any) -> None:
+    p = sub.add_parser("replay", help="re-apply a recipe (comma-separated pass specs) to a kernel")
+    p.add_argument("file")
+    p.add_argument("recipe", help='e.g. "tile{call=0,bm=512},dimension-semantics{call=0}"')
+    p.add_argument("-o", "--output")
+    p.add_argument("--force", action="store_true")
+    p.add_argument("--check", action="store_true")
+    p.set_defaults(handler=cmd_apply_recipe)
+
+
+def _add_db(sub: Any) -> None:
+    p = sub.add_parser("db", help="inspect the kernel database")
+    p.add_argument("action", choices=("show", "export"))
+    p.add_argument("target", help="a kernel file (its default database) or a .db path")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("-o", "--output", help="export to this file instead of stdout")
+    p.set_defaults(handler=cmd_db)
+
+
+ADDERS: tuple[Callable[[Any], None], ...] = (_add_apply, _add_run, _add_replay, _add_db)
+
+
+def _print_source(console: Console, title: str, source: str) -> None:
+    console.rule(title)
+    console.print(Syntax(source, "python", line_numbers=False, word_wrap=False))
+
+
+def _write_new(path: Path, text: str, force: bool, inputs: tuple[Path, ...]) -> None:
+    from .optimize import write_atomic
+
+    if any(path.resolve() == i.resolve() for i in inputs) and not force:
+        raise UsageError(f"refusing to overwrite the input {path}", hint="pass --force to replace it")
+    if path.exists() and not force:
+        raise UsageError(f"{path} exists", hint="pass --force to overwrite it, or choose another -o")
+    write_atomic(path, text)
+
+
+def cmd_apply(args: argparse.Namespace, console: Console) -> int:
+    from .ir.kernel_ir import KernelIR
+    from .passes.pipeline import StepRecord, apply_pipeline, unified_diff
+    from .passes.registry import parse_pipeline
+
+    passes = parse_pipeline(args.passes)
+    ir = KernelIR.from_file(args.file)
+    after_names = set(args.print_after)
+
+    def callback(rec: StepRecord) -> None:
+        status = "applied" if rec.applied else f"declined: {rec.reason}"
+        timing = f"  [{rec.seconds * 1e3:.0f} ms]" if args.time_passes else ""
+        console.print(f"[bold cyan]{rec.spec}[/] {status}{timing}")
+        name = rec.spec.split("{")[0]
+        if rec.applied and args.diff:
+            console.print(Syntax(unified_diff(rec.before.source, rec.after.source, args.file), "diff"))
+        if args.print_after_all or name in after_names:
+            _print_source(console, f"after {rec.spec}", rec.after.source)
+
+    final, records = apply_pipeline(ir, passes, callback)
+    if args.time_passes:
+        console.print(f"total {sum(r.seconds for r in records) * 1e3:.0f} ms")
+    code = ExitCode.OK
+    if args.check:
+        from .harness.check import check
+
+        r = check(final.source, args.file)
+        console.print(
+            ("[green]PASS[/] " if r.ok else "[red]FAIL[/] ") + (r.message or f"max rel err {r.max_rel_err:.2e}")
+        )
+        code = ExitCode.OK if r.ok else ExitCode.CHECK_FAILED
+    if args.output:
+        _write_new(Path(args.output), final.source, args.force, (Path(args.file),))
+        console.print(f"wrote {args.output}")
+    elif not (args.print_after_all or args.diff or after_names):
+        _print_source(console, "result", final.source)
+    return code
+
+
+def cmd_apply_recipe(args: argparse.Namespace, console: Console) -> int:
+    ns = argparse.Namespace(
+        file=args.file,
+        passes=args.recipe,
+        print_after_all=False,
+        print_after=[],
+        diff=False,
+        time_passes=False,
+        check=args.check,
+        output=args.output,
+        force=args.force,
+    )
+    return cmd_apply(ns, console)
+
+
+def _fmt_time(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return f"{t * 1e3:.3f} ms" if t >= 1e-4 else f"{t * 1e6:.1f} us"
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from .optimize import optimize
+    from .report.progress import RunDisplay
+
+    names = tuple(n.strip() for n in args.passes.split(",") if n.strip())
+    display = RunDisplay(console, enabled=not args.json)
+    with display:
+        result = optimize(
+            args.file,
+            beam=args.beam,
+            target=args.target,
+            depth=args.depth,
+            output=args.output,
+            in_place=args.in_place,
+            db_path=args.db,
+            passes=names,
+            seed=args.seed,
+            budget_seconds=args.budget_seconds,
+            max_candidates=args.max_candidates,
+            use_compiler=not args.no_compile,
+            resume=args.resume,
+            fresh=args.fresh,
+            jobs=args.jobs,
+            report_dir=args.report,
+            progress=display.event,
+        )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+        return ExitCode.OK if result.correct else ExitCode.CHECK_FAILED
+    t = Table(title=f"pallasopt run {args.file} --target {result.target}", title_justify="left")
+    t.add_column("")
+    t.add_column("time")
+    t.add_column("source of the number")
+    t.add_row("baseline", _fmt_time(result.baseline.time_s), result.baseline.label)
+    t.add_row("best", _fmt_time(result.best.time_s), result.best.label)
+    t.add_row("model (roofline)", f"{_fmt_time(result.model_baseline_s)} -> {_fmt_time(result.model_best_s)}", "model")
+    console.print(t)
+    fc = result.final_check
+    console.print(f"speedup [bold]{result.speedup:.2f}x[/] ({result.best.label})")
+    console.print(f"recipe: {','.join(result.recipe) or '(none: the baseline is best)'}")
+    verdict = "[green]correct[/]" if result.correct else "[red]NOT verified[/]"
+    console.print(
+        f"correctness: {verdict}, re-checked on fresh seeds {fc.get('data', {}).get('seeds')} at dims "
+        f"{fc.get('data', {}).get('dims')} ({fc.get('data', {}).get('mode')}): {fc.get('message')}"
+    )
+    src = "served from the kernel database" if result.from_cache else f"{result.candidates_evaluated} evaluations"
+    console.print(f"{src}; stop: {result.stop_reason}; wall {result.wall_s:.1f} s")
+    if result.correct:
+        console.print(f"wrote {result.output_path}")
+    if result.report_path:
+        console.print(f"report: {result.report_path}")
+    return ExitCode.OK if result.correct else ExitCode.CHECK_FAILED
+
+
+def cmd_db(args: argparse.Namespace, console: Console) -> int:
+    from .db.store import KernelDB, default_path
+
+    target = Path(args.target)
+    path = target if target.suffix == ".db" else default_path(target)
+    if not path.exists():
+        raise UsageError(f"no kernel database at {path}", hint="run `pallasopt run` first, or pass a .db path")
+    with KernelDB.open(path) as db:
+        if args.action == "export":
+            text = json.dumps(db.export(), indent=1, default=str)
+            if args.output:
+                from .optimize import write_atomic
+
+                write_atomic(Path(args.output), text)
+                console.print(f"wrote {args.output}")
+            else:
+                print(text)
+            return ExitCode.OK
+        stats = db.stats()
+        if args.json:
+            print(json.dumps(stats, indent=1, default=str))
+            return ExitCode.OK
+        console.print(f"[bold]{path}[/]")
+        for k, v in stats.items():
+            console.print(f"  {k}: {v}")
+        for w in db.workloads():
+            run = db.last_run(w.id)
+            res = run.result if run and run.result else {}
+            console.print(
+                f"  workload {w.id}: {w.path} target {w.target} dims {w.dims}  last run: "
+                f"{run.state if run else '-'} speedup {res.get('speedup', '-')} recipe {','.join(res.get('recipe', []))}"
+            )
+    return ExitCode.OK

@@ -145,7 +145,9 @@ def vmem_footprint(call: CallFacts, chip: Chip) -> int:
     total = 0
     for op in call.operands:
         if op.is_pipelined:
-            total += (op.buffer_count or 2) * padded_block_bytes(op, chip)
+            # A one-step grid has nothing to prefetch: the compiler keeps a single buffer (measured with libtpu).
+            buffers = 1 if call.steps == 1 else (op.buffer_count or 2)
+            total += buffers * padded_block_bytes(op, chip)
     for s in call.scratch:
         if s.memory_space in ("vmem", "default"):
             dims = list(s.shape) or [1]

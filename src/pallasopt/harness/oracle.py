@@ -86,11 +86,16 @@ def _largest(calls: tuple[CallFacts, ...]) -> int:
 def derive_check_dims(workload: Workload) -> dict[str, int]:
     """Small dims for the CPU check: the module's CHECK_DIMS, else the defaults halved (round-robin) while the
     kernel still traces, its grid keeps >= 2 steps on every axis that had them, and the outputs stay covered."""
-    given = workload.check_dims
-    if given is not None:
-        return {**dict(workload.dims), **given}
     dims = dict(workload.dims)
     base = trace_calls(workload, dims)
+    given = workload.check_dims
+    if given is not None:
+        small = {**dims, **given}
+        try:
+            if _acceptable(trace_calls(workload, small), base):
+                return small
+        except Exception:
+            pass  # CHECK_DIMS no longer fit this candidate's blocks (e.g. a bigger tile): derive instead
     frozen: set[str] = set()
     while len(frozen) < len(dims):
         for name in list(dims):

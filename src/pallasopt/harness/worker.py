@@ -25,6 +25,10 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
 
             seeds = tuple(int(s) for s in request.get("seeds", (1, 2)))
             return run_check(workload, seeds, request.get("dims"))
+        if request["op"] == "time":
+            from .timing import run_timing
+
+            return run_timing(workload, int(request.get("repeats", 30)))
         if request["op"] == "facts":
             from ..ir.trace import trace_calls
 

@@ -103,6 +103,8 @@ def set_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Cal
         if multiline:
             assert isinstance(last.comma, cst.Comma)
             new_arg = new_arg.with_changes(comma=last.comma)
+            if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma):
+                args[-1] = last.with_changes(comma=args[-2].comma)  # keep the arguments' indentation
         else:
             args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
             if isinstance(last.comma, cst.Comma):
@@ -152,7 +154,7 @@ def ensure_pltpu(module: cst.Module) -> tuple[cst.Module, str]:
     if alias is not None:
         return module, alias
     name = "pltpu"
-    used = {n.value for n in m.findall(module, m.Name())}  # type: ignore[union-attr]
+    used = {n.value for n in m.findall(module, m.Name()) if isinstance(n, cst.Name)}
     while name in used:
         name = "_" + name
     stmt = cst.parse_statement(f"from jax.experimental.pallas import tpu as {name}\n")
@@ -190,3 +192,49 @@ def resolve_local(loc: Located, at: cst.CSTNode, name: str) -> cst.BaseExpressio
 
     scope.visit(Finder())
     return best[1] if best else None
+
+
+def _compiler_params_call(loc: Located, call: cst.Call) -> tuple[cst.Call | None, bool]:
+    """The `CompilerParams(...)` call a pallas_call uses (following a local name), and whether one is present."""
+    arg = keyword(call, "compiler_params")
+    if arg is None:
+        return None, False
+    value: cst.BaseExpression | None = arg.value
+    hops = 0
+    while isinstance(value, cst.Name) and hops < 4:
+        value = resolve_local(loc, call, value.value)
+        hops += 1
+    if isinstance(value, cst.Call):
+        f = value.func
+        fname = f.attr.value if isinstance(f, cst.Attribute) else (f.value if isinstance(f, cst.Name) else "")
+        if fname.endswith("CompilerParams"):
+            return value, True
+    return None, True
+
+
+def set_compiler_param(module: cst.Module, call: CallFacts, key: str, value: cst.BaseExpression) -> cst.Module:
+    """Set `key=value` in the call's `pltpu.CompilerParams(...)`, adding `compiler_params=` if it has none."""
+    loc = Located.of(module)
+    node = find_call_node(loc, call)
+    params, present = _compiler_params_call(loc, node)
+    if params is not None:
+        return replace_node(loc.wrapper.module, params, set_keyword(params, key, value))
+    check(not present, "compiler_params is built in a way pallasopt cannot edit (not a CompilerParams(...) call)")
+    module2, alias = ensure_pltpu(loc.wrapper.module)
+    loc2 = Located.of(module2)
+    node2 = find_call_node(loc2, call)
+    new_params = cst.Call(
+        func=cst.Attribute(cst.Name(alias), cst.Name("CompilerParams")),
+        args=[cst.Arg(keyword=cst.Name(key), value=value, equal=_EQ)],
+    )
+    return replace_node(loc2.wrapper.module, node2, set_keyword(node2, "compiler_params", new_params))
+
+
+_EQ = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
+
+
+def spec_nodes(loc: Located, call: cst.Call) -> list[cst.BaseExpression | None]:
+    """The BlockSpec expressions of a pallas_call in operand order (inputs then outputs; None where unknown)."""
+    from .knobs import _spec_list
+
+    return _spec_list(loc, call, "in_specs") + _spec_list(loc, call, "out_specs")

@@ -294,7 +294,7 @@ def _unique_names(knobs: list[Knob]) -> tuple[Knob, ...]:
 # instead, map each literal to (operand, dim) -> grid axis, and verify the tied group by one joint re-trace.
 
 
-def _is_blockspec(node: cst.CSTNode) -> bool:
+def _is_blockspec(node: cst.CSTNode | None) -> bool:
     if not isinstance(node, cst.Call):
         return False
     f = node.func
@@ -327,7 +327,7 @@ def _spec_list(loc: Located, call: cst.Call, key: str) -> list[cst.BaseExpressio
     if arg is None:
         return []
     val = _resolve(loc, holder, arg.value)
-    if isinstance(val, cst.List | cst.Tuple) and not (key == "grid"):
+    if isinstance(val, cst.List | cst.Tuple) and key != "grid":
         return [_resolve(loc, holder, e.value) for e in val.elements]
     return [val]
 

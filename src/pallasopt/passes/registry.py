@@ -7,9 +7,12 @@ from typing import Any
 
 from ..errors import UsageError
 from .base import Pass
+from .dimension_semantics import DimensionSemanticsPass
+from .single_buffer import SingleBufferPass
 from .tile import TilePass
+from .vmem_limit import VmemLimitPass
 
-PASSES: tuple[type[Pass], ...] = (TilePass,)
+PASSES: tuple[type[Pass], ...] = (TilePass, DimensionSemanticsPass, VmemLimitPass, SingleBufferPass)
 
 
 def by_name() -> dict[str, type[Pass]]:

@@ -1,0 +1,324 @@
+"""The deviceless TPU compiler tier: compile a kernel module with libtpu for a TPU we do not have.
+
+An adapter over private interfaces (kept to this module and `_compile_worker`): the deviceless topology API
+(`jax.experimental.topologies.get_topology_desc`), the libtpu flag ``--xla_jf_dump_static_llo_profile_to`` and the
+``*_static_llo_profile.textproto`` files it writes, and the text of the compiled HLO module.
+
+Each compile runs in a fresh subprocess (``python -m pallasopt.cost_model._compile_worker``) with a timeout, so a
+slow or crashing libtpu cannot take the caller down. The environment changes (LIBTPU_INIT_ARGS, TPU_SKIP_MDS_QUERY,
+ALLOW_MULTIPLE_LIBTPU_LOAD, JAX_PLATFORMS=cpu) are made in the child only, and ANTHROPIC_API_KEY is not passed on.
+
+What the estimate means (see /work/shared/FACTS.md): the static LLO profile models the on-core schedule (MXU, VPU,
+loads/stores, per-step synchronisation), not HBM bandwidth, so time ~ max(estimate, HBM bytes / bandwidth).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pallasopt.cost_model.hardware import Chip, get_chip
+
+__all__ = ["CompileReport", "compile_module", "libtpu_available", "parse_static_profile"]
+
+PROFILE_FLAG = "--xla_jf_dump_static_llo_profile_to"
+MOSAIC_TARGET = "tpu_custom_call"  # custom-call target of a Pallas TPU (Mosaic) kernel
+
+# Targets where libtpu 0.0.42.1 aborts with the profile flag on, measured on a plain matmul: tpu7x ("LLO_CHECK
+# failure ... LloOpcodeIsScalarBranch"), v4 ("Dma latency model is currently only supported on VF/VL/GF/GL", i.e.
+# v5p, v5e and the v6 chips). They are compiled without it: VMEM and lowering are checked, no cycles come back.
+_PROFILE_UNSUPPORTED = frozenset({"v4", "tpu7x"})
+
+_NOISE = re.compile(
+    r"^(WARNING|[IWE]\d{4} |=== Source Location|learning/|third_party/|platforms/|https://symbolize|\*\*\*|\s*$)"
+)
+_FATAL = re.compile(r"^F\d{4} [^\]]*\] (.*)")
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What compiling one function for one target gave. `ok=False` is data, not an exception.
+
+    estimated_cycles: sum of the static LLO profile's ``estimated_cycles`` over every op of the compiled program
+      (Pallas kernels and XLA ops alike); `kernel_cycles` and `xla_cycles` split it. None when no profile came back.
+    estimated_s: ``estimated_cycles / chip.clock_hz * steps_scale`` (on-core time only: no HBM bandwidth model).
+    per_op_cycles: ``("pallas:<hlo name>" | "xla:<hlo name>", cycles)`` for each profiled op.
+    note: a remark on an ok report (no static profile on this target, or the profile crashed libtpu).
+    vmem_bytes: scoped VMEM the compiler allocated (the largest over the Pallas kernels, else over all ops), or,
+      on a VMEM overflow, the size the compiler asked for.
+    cost_analysis: ``compiled.cost_analysis()`` as sorted (key, value) pairs (XLA ops only; a Pallas call has
+      figures only if it carries a `pl.CostEstimate`).
+    compile_s: wall time of the whole subprocess (JAX import + trace + lower + compile), what the caller paid.
+    """
+
+    ok: bool
+    target: str
+    error: str | None = None
+    error_kind: str | None = None  # vmem_oom, import, entry, inputs, trace, lowering, compile, timeout, crash, ...
+    estimated_cycles: int | None = None
+    estimated_s: float | None = None
+    per_op_cycles: tuple[tuple[str, int], ...] = ()
+    vmem_bytes: int | None = None
+    compile_s: float = 0.0
+    steps_scale: float = 1.0
+    kernel_cycles: int | None = None
+    xla_cycles: int | None = None
+    cost_analysis: tuple[tuple[str, float], ...] = ()
+    note: str | None = None  # e.g. why an ok compile has no cycle estimate
+
+
+def libtpu_available() -> bool:
+    """True when the `libtpu` package (the `tpu` extra) is importable; nothing is loaded."""
+    try:
+        return importlib.util.find_spec("libtpu") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+_ESTIMATE = re.compile(r'hlo_op_name:\s*"([^"]*)"\s*estimated_cycles:\s*(\d+)')
+
+
+def parse_static_profile(text: str) -> list[tuple[str, int]]:
+    """(hlo op name, estimated cycles) for each ``hlo_op_estimate`` in one static LLO profile textproto."""
+    return [(name, int(cycles)) for name, cycles in _ESTIMATE.findall(text)]
+
+
+def _read_profiles(directory: Path) -> list[tuple[str, int]]:
+    found: list[tuple[str, int]] = []
+    for f in sorted(directory.glob("*_static_llo_profile.textproto")):
+        with contextlib.suppress(OSError):
+            found.extend(parse_static_profile(f.read_text(errors="replace")))
+    return found
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+_OOM_PATTERNS = (
+    re.compile(r"Scoped allocation with size ([\d.]+)([KMG]?)"),
+    re.compile(r"Used ([\d.]+)([KMG]?) of [\d.]+[KMG]? vmem"),
+    re.compile(r"Allocation \(size=(\d+)()\) would exceed memory"),
+)
+
+
+def _oom_bytes(msg: str) -> int | None:
+    for pat in _OOM_PATTERNS:
+        m = pat.search(msg)
+        if m:
+            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    return None
+
+
+def _is_vmem_oom(msg: str) -> bool:
+    return (
+        "CompileTimeScopedVmemOom" in msg
+        or "memory space vmem" in msg
+        or ("RESOURCE_EXHAUSTED" in msg and "space=vmem" in msg)
+    )
+
+
+def _trim(msg: str, limit: int = 1200) -> str:
+    """The useful part of a compiler message: drop HLO instruction dumps, protobuf blobs and log noise."""
+    msg = re.sub(r"(for %[\w.\-]+) = .*?(\. Scoped allocation)", r"\1\2", msg, flags=re.S)
+    msg = re.sub(r"(exceeded scoped vmem limit by [\d.]+[KMG]?)\..*", r"\1.", msg, flags=re.S)
+    msg = re.sub(r"\s*\[type\.googleapis\.com/.*?'\]", "", msg, flags=re.S)
+    msg = re.sub(r"\n\s*See https://openxla\.org/\S+ for more details\.", "", msg)
+    msg = re.sub(r"\n{2,}", "\n", msg).strip()
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def _crash_message(stderr: str, rc: int) -> str:
+    """Why a worker died without answering: the signal, and libtpu's fatal message or the end of stderr."""
+    why = _stderr_tail(stderr) or f"worker exited with status {rc}"
+    if rc < 0:
+        sig = signal.Signals(-rc).name if -rc in signal.valid_signals() else str(-rc)
+        why = f"killed by {sig}" + (" (out of memory?)" if rc == -signal.SIGKILL else "") + f": {why}"
+    return why
+
+
+def _stderr_tail(stderr: str, lines: int = 8) -> str:
+    """The last meaningful lines of a crashed child's stderr (fatal checks first)."""
+    fatal = [m.group(1) for m in map(_FATAL.match, stderr.splitlines()) if m]
+    if fatal:
+        return _trim(fatal[-1])
+    kept = [ln for ln in stderr.splitlines() if not _NOISE.match(ln)]
+    return _trim("\n".join(kept[-lines:]))
+
+
+_STAGE_KIND = {
+    "import": "import",
+    "entry": "entry",
+    "inputs": "inputs",
+    "trace": "trace",
+    "lower": "lowering",
+    "compile": "compile",
+    "setup": "setup",
+    "worker": "crash",
+}
+
+
+def _child_env(dump_dir: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
+    if dump_dir is not None:
+        env["LIBTPU_INIT_ARGS"] = f"{env.get('LIBTPU_INIT_ARGS', '')} {PROFILE_FLAG}={dump_dir}".strip()
+    env["TPU_SKIP_MDS_QUERY"] = "1"
+    env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    env["JAX_PLATFORMS"] = "cpu"  # never grab a real TPU the parent may hold; the topology API needs none
+    src_root = str(Path(__file__).resolve().parents[2])  # .../src, so `-m pallasopt...` imports this copy
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src_root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _run_child(request: dict[str, Any], env: dict[str, str], timeout_s: float) -> tuple[Any, str, int | None]:
+    """Run the worker; returns (reply or None, stderr, returncode). returncode None means timed out."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pallasopt.cost_model._compile_worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+        start_new_session=True,  # its own process group, so a timeout kills libtpu's threads and children too
+    )
+    try:
+        out, err = proc.communicate(json.dumps(request), timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return None, err, None
+    try:
+        reply = json.loads(out) if out.strip() else None
+    except json.JSONDecodeError:
+        reply = None
+    return reply, err, proc.returncode
+
+
+def compile_module(
+    source: str,
+    path: str,
+    entry: str,
+    dims: Mapping[str, int],
+    target: str,
+    *,
+    steps_scale: float = 1.0,
+    timeout_s: float = 120,
+    dump_profile: bool = True,
+) -> CompileReport:
+    """Compile `entry` of a kernel module for one device of `target`'s TPU topology, without a TPU.
+
+    `entry` names a function of the module (the kernel entry, "reference" or "hand_tuned"); it is traced at
+    ``make_inputs(key, **dims)`` under `jax.eval_shape` (never materialized) and compiled by libtpu in a
+    subprocess killed after `timeout_s`. `path` is only used in messages. Returns a `CompileReport`; a candidate's
+    failures (import error, lowering error, VMEM overflow, timeout, libtpu crash) come back as ``ok=False`` with
+    `error_kind`, never as exceptions. An unknown `target` raises `UnknownTarget` (the caller's mistake).
+
+    With `dump_profile`, libtpu writes a static cycle estimate per op. Its compile time and memory grow with the
+    number of grid steps (~2.3 ms and ~240 KB per step; 262k steps ran out of memory), while the estimate is
+    linear in the step count once a grid has >~100 steps. So the CALLER should pass reduced `dims` (same blocks,
+    fewer steps) and ``steps_scale = full steps / reduced steps``; this function only multiplies:
+    ``estimated_s = estimated_cycles / clock_hz * steps_scale`` (`estimated_cycles` stays the reduced program's).
+    """
+    chip = get_chip(target)
+    t0 = time.perf_counter()
+
+    def report(**kw: Any) -> CompileReport:  # every exit goes through here
+        kw.setdefault("compile_s", time.perf_counter() - t0)
+        return CompileReport(target=chip.name, steps_scale=steps_scale, **kw)
+
+    if chip.is_gpu or not chip.topology:
+        return report(ok=False, error=f"{chip.name} is not a TPU: no deviceless compile", error_kind="unsupported")
+    if not libtpu_available():
+        return report(
+            ok=False, error="libtpu not installed (pip install 'pallasopt[tpu]')", error_kind="libtpu_missing"
+        )
+
+    profile = dump_profile and chip.name not in _PROFILE_UNSUPPORTED
+    with tempfile.TemporaryDirectory(prefix="pallasopt_compile_") as tmp:
+        module_file = Path(tmp) / "candidate.py"
+        module_file.write_text(source)
+        dump_dir = Path(tmp) / "profile"
+        dump_dir.mkdir()
+        request = {
+            "module_file": str(module_file),
+            "path": path,
+            "entry": entry,
+            "dims": dict(dims),
+            "topology": chip.topology,
+        }
+        reply, stderr, rc = _run_child(request, _child_env(str(dump_dir) if profile else None), timeout_s)
+        note = None
+        if dump_profile and not profile:
+            note = f"no cycle estimate: libtpu's static profile fails on {chip.name}"
+        elif profile and rc is not None and reply is None:
+            # libtpu died with the profile on (an abort, or killed for memory); the kernel itself may compile.
+            note = f"no cycle estimate: the static profile crashed libtpu ({_crash_message(stderr, rc)})"
+            remaining = timeout_s - (time.perf_counter() - t0)
+            if remaining < 1:
+                return report(ok=False, error=_crash_message(stderr, rc), error_kind="crash")
+            profile = False
+            reply, stderr, rc = _run_child(request, _child_env(None), remaining)
+        if rc is None:
+            return report(ok=False, error=f"compile did not finish in {timeout_s:g} s (killed)", error_kind="timeout")
+        if reply is None:
+            return report(ok=False, error=_crash_message(stderr, rc), error_kind="crash")
+        if not reply.get("ok"):
+            return _failure(reply, report)
+        return _success(chip, reply, _read_profiles(dump_dir) if profile else [], steps_scale, report, note)
+
+
+_Report = Callable[..., CompileReport]
+
+
+def _failure(reply: Mapping[str, Any], report: _Report) -> CompileReport:
+    msg = str(reply.get("error") or "unknown error")
+    kind = _STAGE_KIND.get(str(reply.get("stage")), "compile")
+    if kind in ("compile", "lowering") and _is_vmem_oom(msg):
+        return report(ok=False, error=_trim(msg), error_kind="vmem_oom", vmem_bytes=_oom_bytes(msg))
+    return report(ok=False, error=_trim(msg), error_kind=kind)
+
+
+def _success(
+    chip: Chip,
+    reply: Mapping[str, Any],
+    profile: list[tuple[str, int]],
+    steps_scale: float,
+    report: _Report,
+    note: str | None,
+) -> CompileReport:
+    ops: list[Mapping[str, Any]] = list(reply.get("ops") or [])
+    kernels = {op["name"] for op in ops if op.get("target") == MOSAIC_TARGET}
+    if not profile:  # the flag also copies the estimate into the HLO backend config; use it if files are missing
+        profile = [(op["name"], int(op["bundle_cycles"])) for op in ops if op.get("bundle_cycles") is not None]
+
+    per_op = tuple((("pallas:" if name in kernels else "xla:") + name, cycles) for name, cycles in profile)
+    kernel_cycles = sum(c for name, c in profile if name in kernels)
+    xla_cycles = sum(c for name, c in profile if name not in kernels)
+    total = kernel_cycles + xla_cycles if profile else None
+
+    scoped = [op for op in ops if op.get("scoped_vmem") is not None]
+    in_kernels = [int(op["scoped_vmem"]) for op in scoped if op["name"] in kernels]
+    vmem = max(in_kernels) if in_kernels else max((int(op["scoped_vmem"]) for op in scoped), default=None)
+
+    cost = tuple(sorted((str(k), float(v)) for k, v in (reply.get("cost_analysis") or {}).items()))
+    return report(
+        ok=True,
+        note=note,
+        estimated_cycles=total,
+        estimated_s=None if total is None else total / chip.clock_hz * steps_scale,
+        per_op_cycles=per_op,
+        vmem_bytes=vmem,
+        kernel_cycles=kernel_cycles if profile else None,
+        xla_cycles=xla_cycles if profile else None,
+        cost_analysis=cost,
+    )

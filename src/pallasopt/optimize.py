@@ -1,0 +1,329 @@
+"""The library entry point: `optimize(path_or_source, beam=8, target="v5e") -> Result`."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .config import SearchConfig, read_env
+from .cost_model.hardware import Chip, UnknownTarget, get_chip
+from .db.store import KernelDB, default_path
+from .errors import KernelError, UsageError
+from .ir.kernel_ir import KernelIR
+from .passes.base import Pass
+from .passes.registry import PASSES, by_name
+from .search.beam import BaselineIncorrect, Node, SearchOutcome, beam_search, score_of
+from .search.cached import CachedEvaluator
+from .search.tiers import TIER_LABEL, Evaluator, TierResult, Tiers
+
+FINAL_SEEDS = (7919, 104729)  # fresh seeds for the final re-verification (never used during the search)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    time_s: float | None
+    tier: str  # "model" | "compiler" | "hardware"
+
+    @property
+    def label(self) -> str:
+        return TIER_LABEL.get(self.tier, self.tier)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time_s": self.time_s, "tier": self.tier, "tier_label": self.label}
+
+
+@dataclass(frozen=True)
+class Result:
+    """What an optimization run produced, JSON-ready through `to_dict()`."""
+
+    kernel: str
+    target: str
+    baseline: Measurement
+    best: Measurement
+    speedup: float
+    correct: bool
+    recipe: tuple[str, ...]
+    source: str
+    output_path: str | None
+    candidates_evaluated: int
+    wall_s: float
+    stop_reason: str
+    final_check: Mapping[str, Any]
+    from_cache: bool = False
+    model_baseline_s: float | None = None
+    model_best_s: float | None = None
+    report_path: str | None = None
+    nodes: tuple[Mapping[str, Any], ...] = field(default=(), repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kernel": self.kernel,
+            "target": self.target,
+            "baseline": self.baseline.to_dict(),
+            "best": self.best.to_dict(),
+            "speedup": self.speedup,
+            "correct": self.correct,
+            "recipe": list(self.recipe),
+            "output_path": self.output_path,
+            "candidates_evaluated": self.candidates_evaluated,
+            "wall_s": self.wall_s,
+            "stop_reason": self.stop_reason,
+            "final_check": dict(self.final_check),
+            "from_cache": self.from_cache,
+            "model_baseline_s": self.model_baseline_s,
+            "model_best_s": self.model_best_s,
+            "report_path": self.report_path,
+        }
+
+
+def select_passes(names: Sequence[str]) -> tuple[type[Pass], ...]:
+    if not names:
+        return tuple(p for p in PASSES if getattr(p, "in_search", True))
+    registry = by_name()
+    unknown = [n for n in names if n not in registry]
+    if unknown:
+        raise UsageError(f"unknown pass {unknown[0]!r}", hint=f"known passes: {', '.join(sorted(registry))}")
+    return tuple(registry[n] for n in names)
+
+
+def resolve_target(name: str) -> Chip:
+    try:
+        return get_chip(name)
+    except UnknownTarget as e:
+        raise UsageError(str(e)) from None
+
+
+def _versions() -> dict[str, str]:
+    import jax
+    import jaxlib
+
+    out = {"pallasopt": __version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__}
+    try:
+        import importlib.metadata as md
+
+        out["libtpu"] = md.version("libtpu")
+    except Exception:
+        out["libtpu"] = "absent"
+    return out
+
+
+def _config_key(config: SearchConfig, passes: Sequence[type[Pass]]) -> dict[str, Any]:
+    d = dataclasses.asdict(config)
+    d.pop("jobs", None)  # parallelism never changes the answer
+    d.pop("budget_seconds", None)
+    d["passes"] = [p.name for p in passes]
+    return d
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a file so a reader sees the old or the new content, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def default_output(kernel: Path) -> Path:
+    return kernel.with_name(kernel.stem + ".opt.py")
+
+
+def node_summary(n: Node, tier: str) -> dict[str, Any]:
+    s = score_of(n, tier)
+    return {
+        "recipe": list(n.recipe),
+        "digest": n.digest,
+        "parent": n.parent,
+        "depth": n.depth,
+        "verdict": n.verdict(),
+        "time_s": s.time_s if s else None,
+        "model_s": n.results["model"].time_s if "model" in n.results else None,
+        "tiers": {k: v.to_dict() for k, v in n.results.items()},
+    }
+
+
+def optimize(
+    path_or_source: str | os.PathLike[str],
+    *,
+    beam: int = 8,
+    target: str = "v5e",
+    depth: int = 4,
+    path: str | None = None,
+    output: str | os.PathLike[str] | None = None,
+    in_place: bool = False,
+    db_path: str | os.PathLike[str] | None = None,
+    passes: Sequence[str] = (),
+    seed: int = 0,
+    budget_seconds: float | None = None,
+    max_candidates: int | None = None,
+    use_compiler: bool = True,
+    resume: bool = False,
+    fresh: bool = False,
+    jobs: int = 2,
+    report_dir: str | os.PathLike[str] | None = None,
+    progress: Callable[[str, dict[str, Any]], None] | None = None,
+    evaluator: Evaluator | None = None,
+    write_output: bool = True,
+) -> Result:
+    """Optimize a kernel module (a file path, or source text with `path=` for messages) for `target`.
+
+    Writes the optimized module to `output` (default `<stem>.opt.py` beside the kernel; never the input unless
+    `in_place`). Every evaluation goes to the kernel database (`db_path`, default `.pallasopt/kernels.db` beside the
+    kernel), so a repeated run is served from it and `resume=True` continues an interrupted one.
+    """
+    start = time.perf_counter()
+    text = str(path_or_source)
+    if "\n" not in text and Path(text).exists():
+        kernel_path = Path(text)
+        base = KernelIR.from_file(kernel_path)
+    elif "\n" in text:
+        kernel_path = Path(path or "kernel.py")
+        base = KernelIR.from_source(text, str(kernel_path))
+    else:
+        raise KernelError("no such file", path=text, hint="pass a kernel module path or its source text")
+    chip = resolve_target(target)
+    config = SearchConfig(
+        beam=beam,
+        depth=depth,
+        target=chip.name,
+        budget_seconds=budget_seconds,
+        max_candidates=max_candidates,
+        seed=seed,
+        compile=use_compiler,
+        jobs=jobs,
+    )
+    if beam < 1 or depth < 0:
+        raise UsageError("--beam must be >= 1 and --depth >= 0")
+    selected = select_passes(passes)
+    env = read_env()
+    db_file = Path(db_path) if db_path else (env.db_path or default_path(kernel_path))
+    out_path = kernel_path if in_place else Path(output) if output else default_output(kernel_path)
+    with KernelDB.open(db_file) as db:
+        wid = db.workload(base.digest, str(kernel_path), dict(base.dims), chip.name, _versions())
+        key = json.loads(json.dumps(_config_key(config, selected)))
+        last = db.last_run(wid)
+        if (
+            not fresh
+            and not resume
+            and last is not None
+            and last.state == "done"
+            and last.config == key
+            and last.result
+        ):
+            result = _from_row(last.result, time.perf_counter() - start)
+            if write_output and result.correct:
+                _write_output(out_path, result.source, kernel_path, in_place)
+            return result
+        run_id = db.start_run(wid, key)
+        inner = evaluator or Tiers(chip, use_compiler=use_compiler)
+        cached = CachedEvaluator(inner, db, wid, chip.name)
+        try:
+            outcome = beam_search(base, selected, cached, chip, config, progress=progress)
+        except BaselineIncorrect as e:
+            db.finish_run(run_id, {"error": e.message}, state="done")
+            raise KernelError(
+                f"the input kernel fails its own correctness check: {e.message}",
+                path=str(kernel_path),
+                hint="fix the kernel (or its reference/TOLERANCE) before optimizing it",
+            ) from None
+        except BaseException:
+            db.finish_run(run_id, {}, state="interrupted")
+            raise
+        result = _finish(outcome, base, chip, cached, kernel_path, out_path, start)
+        if write_output and result.correct:
+            _write_output(out_path, result.source, kernel_path, in_place)
+        if report_dir is not None:
+            from .report.render import write_report
+
+            rp = write_report(Path(report_dir), base, outcome, result, chip)
+            result = dataclasses.replace(result, report_path=str(rp))
+        db.finish_run(run_id, {**result.to_dict(), "source": result.source, "nodes": list(result.nodes)})
+    return result
+
+
+def _write_output(out_path: Path, source: str, kernel_path: Path, in_place: bool) -> None:
+    if out_path.resolve() == kernel_path.resolve() and not in_place:
+        raise UsageError("refusing to overwrite the input kernel", hint="pass --in-place to replace it")
+    write_atomic(out_path, source)
+
+
+def _finish(
+    outcome: SearchOutcome,
+    base: KernelIR,
+    chip: Chip,
+    evaluator: CachedEvaluator,
+    kernel_path: Path,
+    out_path: Path,
+    start: float,
+) -> Result:
+    tier = outcome.score_tier
+    best = outcome.best
+    final: TierResult = evaluator.check(best.ir, FINAL_SEEDS) if best.ir is not None else TierResult("check", False)
+    correct = final.ok
+    if not correct:  # never return an unverified kernel: fall back to the baseline
+        best = outcome.baseline
+    b = score_of(outcome.baseline, tier)
+    s = score_of(best, tier)
+    speedup = (b.time_s / s.time_s) if b and s and s.time_s else 1.0
+    return Result(
+        kernel=str(kernel_path),
+        target=chip.name,
+        baseline=Measurement(b.time_s if b else None, tier),
+        best=Measurement(s.time_s if s else None, tier),
+        speedup=speedup,
+        correct=correct,
+        recipe=best.recipe,
+        source=best.ir.source if best.ir is not None else base.source,
+        output_path=str(out_path),
+        candidates_evaluated=outcome.evaluations,
+        wall_s=time.perf_counter() - start,
+        stop_reason=outcome.stop_reason,
+        final_check=final.to_dict(),
+        model_baseline_s=outcome.baseline.results["model"].time_s,
+        model_best_s=best.results["model"].time_s if "model" in best.results else None,
+        nodes=tuple(node_summary(n, tier) for n in outcome.nodes.values()),
+    )
+
+
+def _from_row(row: Mapping[str, Any], wall_s: float) -> Result:
+    return Result(
+        kernel=row["kernel"],
+        target=row["target"],
+        baseline=Measurement(row["baseline"]["time_s"], row["baseline"]["tier"]),
+        best=Measurement(row["best"]["time_s"], row["best"]["tier"]),
+        speedup=row["speedup"],
+        correct=row["correct"],
+        recipe=tuple(row["recipe"]),
+        source=row["source"],
+        output_path=row["output_path"],
+        candidates_evaluated=0,
+        wall_s=wall_s,
+        stop_reason=row["stop_reason"],
+        final_check=row["final_check"],
+        from_cache=True,
+        model_baseline_s=row.get("model_baseline_s"),
+        model_best_s=row.get("model_best_s"),
+        report_path=row.get("report_path"),
+        nodes=tuple(row.get("nodes") or ()),
+    )
+
+
+def digest_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def dumps(result: Result) -> str:
+    return json.dumps(result.to_dict(), indent=1)

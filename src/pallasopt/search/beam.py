@@ -1,0 +1,231 @@
+"""Beam search over pass instances, ranked through the fidelity tiers cheapest first.
+
+Each state is the base kernel plus a recipe. A depth expands every state by every choice of every pass, drops
+duplicates (normalized source digest), prunes with the roofline model, ranks the survivors with the deviceless
+compiler (when available), checks correctness of the best, and keeps the best `beam` verified states (parents stay
+eligible). Failures at any tier are recorded and never returned. CPU interpret time is never a speed signal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import SearchConfig
+from ..cost_model.hardware import Chip
+from ..errors import PassNotApplicable
+from ..ir.kernel_ir import KernelIR
+from ..passes.base import Pass
+from .tiers import Evaluator, TierResult
+
+PRUNE_FACTOR = 3  # candidates per beam slot that survive the model tier into the compiler tier
+
+
+@dataclass
+class Node:
+    """One candidate: its recipe, IR and every tier's verdict so far."""
+
+    recipe: tuple[str, ...]
+    digest: str
+    parent: str | None
+    depth: int
+    ir: KernelIR | None
+    results: dict[str, TierResult] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def spec(self) -> str:
+        return ",".join(self.recipe) or "(baseline)"
+
+    def verdict(self) -> str:
+        if self.error:
+            return self.error
+        for tier in ("model", "compiler", "check", "hardware"):
+            r = self.results.get(tier)
+            if r is not None and not r.ok:
+                return f"rejected by {tier}: {r.message}"
+        return "ok" if "check" in self.results else "not checked"
+
+    def passed(self, tier: str) -> bool:
+        r = self.results.get(tier)
+        return r is not None and r.ok
+
+
+@dataclass(frozen=True)
+class Score:
+    time_s: float
+    tier: str
+
+
+@dataclass
+class SearchOutcome:
+    baseline: Node
+    best: Node
+    nodes: dict[str, Node]
+    score_tier: str
+    stop_reason: str
+    wall_s: float
+    evaluations: int
+    events: list[str] = field(default_factory=list)
+
+    def score(self, node: Node) -> Score | None:
+        return score_of(node, self.score_tier)
+
+
+def score_of(node: Node, tier: str) -> Score | None:
+    r = node.results.get(tier)
+    if r is None or not r.ok or r.time_s is None:
+        return None
+    return Score(r.time_s, tier)
+
+
+ProgressFn = Callable[[str, dict[str, Any]], None]
+
+
+class BaselineIncorrect(Exception):
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+
+def beam_search(
+    base: KernelIR,
+    passes: Sequence[type[Pass]],
+    evaluator: Evaluator,
+    chip: Chip,
+    config: SearchConfig,
+    *,
+    progress: ProgressFn | None = None,
+    seeds: tuple[int, int] = (101, 202),
+) -> SearchOutcome:
+    """Run the search; `progress(event, info)` is called as it goes (for the rich display and the DB)."""
+    start = time.perf_counter()
+    say = progress or (lambda e, i: None)
+    nodes: dict[str, Node] = {}
+    evaluations = 0
+    jobs = max(1, config.jobs)
+
+    def budget_left() -> bool:
+        if config.budget_seconds is not None and time.perf_counter() - start > config.budget_seconds:
+            return False
+        return config.max_candidates is None or len(nodes) < config.max_candidates
+
+    root = Node(recipe=(), digest=base.digest, parent=None, depth=0, ir=base)
+    nodes[root.digest] = root
+    root.results["model"] = evaluator.model(base)
+    comp = evaluator.compiler(base)
+    if comp is not None:
+        root.results["compiler"] = comp
+    root.results["check"] = evaluator.check(base, seeds)
+    evaluations += 3
+    if not root.passed("check"):
+        raise BaselineIncorrect(root.results["check"].message)
+    hw = evaluator.hardware(base)
+    if hw is not None:
+        root.results["hardware"] = hw
+    score_tier = "hardware" if hw is not None and hw.ok else ("compiler" if root.passed("compiler") else "model")
+    say("baseline", {"node": root, "tier": score_tier})
+    if score_of(root, score_tier) is None:
+        score_tier = "model"
+
+    def key(n: Node) -> float:
+        s = score_of(n, score_tier)
+        return s.time_s if s else float("inf")
+
+    beam = [root]
+    stop = "depth limit"
+    best_time = key(root)
+    for depth in range(1, config.depth + 1):
+        if not budget_left():
+            stop = "budget"
+            break
+        children: list[Node] = []
+        for state in beam:
+            assert state.ir is not None
+            for p in passes:
+                try:
+                    options = p.choices(state.ir, chip)
+                except Exception as e:  # a pass's bug must not end the search
+                    say("error", {"message": f"{p.name}.choices failed: {type(e).__name__}: {e}"})
+                    continue
+                for choice in options:
+                    if not budget_left():
+                        break
+                    child = _expand(state, choice, nodes, say)
+                    if child is not None:
+                        children.append(child)
+        say("expanded", {"depth": depth, "children": len(children)})
+        if not children:
+            stop = "no applicable pass"
+            break
+        for c in children:
+            assert c.ir is not None
+            c.results["model"] = evaluator.model(c.ir)
+            evaluations += 1
+        alive = sorted((c for c in children if c.passed("model")), key=lambda n: n.results["model"].time_s or 0.0)
+        alive = alive[: config.beam * PRUNE_FACTOR]
+        if score_tier in ("compiler", "hardware"):
+            with ThreadPoolExecutor(jobs) as pool:
+                for c, r in zip(alive, pool.map(lambda n: evaluator.compiler(n.ir), alive), strict=True):
+                    if r is not None:
+                        c.results["compiler"] = r
+                        evaluations += 1
+            alive = [c for c in alive if c.passed("compiler")]
+        ranked = sorted(alive, key=lambda n: (key(n), n.spec))
+        worst_kept = sorted(key(n) for n in beam)[-1] if len(beam) >= config.beam else float("inf")
+        to_check = [c for c in ranked if key(c) < worst_kept][: config.check_top or config.beam]
+        with ThreadPoolExecutor(jobs) as pool:
+            for c, r in zip(to_check, pool.map(lambda n: evaluator.check(n.ir, seeds), to_check), strict=True):
+                c.results["check"] = r
+                evaluations += 1
+                say("checked", {"node": c})
+        verified = [c for c in to_check if c.passed("check")]
+        if score_tier == "hardware":
+            for c in verified:
+                r = evaluator.hardware(c.ir)  # type: ignore[arg-type]
+                if r is not None:
+                    c.results["hardware"] = r
+                    evaluations += 1
+            verified = [c for c in verified if c.passed("hardware")]
+        beam = sorted({n.digest: n for n in beam + verified}.values(), key=lambda n: (key(n), n.spec))[: config.beam]
+        new_best = key(beam[0])
+        say("depth", {"depth": depth, "best": beam[0], "time_s": new_best, "tier": score_tier})
+        if new_best > best_time * 0.99:
+            stop = "no progress"
+            best_time = min(best_time, new_best)
+            break
+        best_time = new_best
+    best = min((n for n in nodes.values() if n.passed("check") and score_of(n, score_tier)), key=key, default=root)
+    return SearchOutcome(
+        baseline=root,
+        best=best,
+        nodes=nodes,
+        score_tier=score_tier,
+        stop_reason=stop,
+        wall_s=time.perf_counter() - start,
+        evaluations=evaluations,
+    )
+
+
+def _expand(state: Node, choice: Pass, nodes: dict[str, Node], say: ProgressFn) -> Node | None:
+    assert state.ir is not None
+    spec = choice.spec()
+    recipe = (*state.recipe, spec)
+    try:
+        new_ir = choice.apply(state.ir)
+    except PassNotApplicable as e:
+        say("declined", {"recipe": recipe, "reason": e.reason})
+        return None
+    except Exception as e:  # a candidate that breaks is a result, never the end of the search
+        digest = f"failed:{'|'.join(recipe)}"
+        nodes[digest] = Node(recipe, digest, state.digest, state.depth + 1, None, error=f"{type(e).__name__}: {e}")
+        say("failed", {"recipe": recipe, "error": str(e)})
+        return None
+    if new_ir.digest in nodes:
+        return None
+    node = Node(recipe, new_ir.digest, state.digest, state.depth + 1, new_ir)
+    nodes[node.digest] = node
+    return node

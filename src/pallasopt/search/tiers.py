@@ -1,0 +1,186 @@
+"""The fidelity tiers, cheapest first: roofline model, deviceless TPU compiler, interpret-mode oracle, hardware.
+
+Each tier returns a `TierResult` value and never raises for a candidate's fault. `Evaluator` is the protocol the
+beam search uses, so tests can drive the search with a fixed cost table instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..cost_model.hardware import Chip
+from ..cost_model.roofline import estimate_calls
+from ..ir.kernel_ir import KernelIR
+
+TIER_ORDER = ("model", "compiler", "check", "hardware")
+TIER_LABEL = {
+    "model": "model (roofline)",
+    "compiler": "compiler estimate (libtpu static schedule, no TPU)",
+    "hardware": "measured",
+}
+
+
+@dataclass(frozen=True)
+class TierResult:
+    """One tier's verdict on one candidate: ok, the time it implies (if any), and why."""
+
+    tier: str
+    ok: bool
+    time_s: float | None = None
+    message: str = ""
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tier": self.tier,
+            "ok": self.ok,
+            "time_s": self.time_s,
+            "message": self.message,
+            "data": dict(self.data),
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> TierResult:
+        return TierResult(
+            tier=str(d["tier"]),
+            ok=bool(d["ok"]),
+            time_s=d.get("time_s"),
+            message=str(d.get("message", "")),
+            data=dict(d.get("data") or {}),
+        )
+
+
+class Evaluator(Protocol):
+    """What the search needs from the tiers (a fake in tests, `Tiers` for real)."""
+
+    def model(self, ir: KernelIR) -> TierResult: ...
+
+    def compiler(self, ir: KernelIR) -> TierResult | None: ...  # None: tier unavailable
+
+    def check(self, ir: KernelIR, seeds: tuple[int, ...]) -> TierResult: ...
+
+    def hardware(self, ir: KernelIR) -> TierResult | None: ...  # None: no accelerator
+
+
+def model_tier(ir: KernelIR, chip: Chip) -> TierResult:
+    est = estimate_calls(ir.calls, chip)
+    if not est.ok:
+        return TierResult("model", False, est.time_s, "; ".join(est.problems), est.to_dict())
+    return TierResult("model", True, est.time_s, f"{est.calls[0].bound}-bound" if est.calls else "", est.to_dict())
+
+
+def reduce_dims_for_compile(ir: KernelIR, max_steps: int = 256) -> tuple[dict[str, int], float]:
+    """Smaller dims with the same blocks so the compiler's profile dump stays fast; returns dims and the step ratio.
+
+    The static estimate is linear in grid steps beyond ~100 steps (FACTS.md), so the estimate at the reduced dims is
+    scaled by (steps at the real dims) / (steps at the reduced dims).
+    """
+    from ..ir.trace import trace_calls
+
+    assert ir.workload is not None
+    dims = dict(ir.dims)
+    full = sum(c.steps for c in ir.calls)
+    blocks = [[o.block_shape for o in c.operands] for c in ir.calls]
+
+    def steps_of(d: Mapping[str, int]) -> int | None:
+        try:
+            calls = trace_calls(ir.workload, d)  # type: ignore[arg-type]
+        except Exception:
+            return None
+        if [[o.block_shape for o in c.operands] for c in calls] != blocks:
+            return None
+        if any(
+            g < min(2, g0)
+            for c, c0 in zip(calls, ir.calls, strict=False)
+            for g, g0 in zip(c.grid, c0.grid, strict=False)
+        ):
+            return None
+        return sum(c.steps for c in calls)
+
+    current = full
+    frozen: set[str] = set()
+    while current > max_steps and len(frozen) < len(dims):
+        for name in list(dims):
+            if name in frozen or current <= max_steps:
+                continue
+            if dims[name] % 2 or dims[name] < 2:
+                frozen.add(name)
+                continue
+            trial = {**dims, name: dims[name] // 2}
+            s = steps_of(trial)
+            if s is None or s >= current:
+                frozen.add(name)
+                continue
+            dims, current = trial, s
+    return dims, full / max(current, 1)
+
+
+class Tiers:
+    """The real tiers for one target chip."""
+
+    def __init__(self, chip: Chip, *, use_compiler: bool = True, compile_timeout_s: float = 180.0) -> None:
+        self.chip = chip
+        self.compile_timeout_s = compile_timeout_s
+        self.use_compiler = use_compiler and not chip.is_gpu and _libtpu()
+
+    def model(self, ir: KernelIR) -> TierResult:
+        return model_tier(ir, self.chip)
+
+    def compiler(self, ir: KernelIR) -> TierResult | None:
+        if not self.use_compiler:
+            return None
+        from ..cost_model.compiler import compile_module
+
+        dims, scale = reduce_dims_for_compile(ir)
+        rep = compile_module(
+            ir.source, ir.path, ir.entry, dims, self.chip.name, steps_scale=scale, timeout_s=self.compile_timeout_s
+        )
+        data = {"dims": dims, "steps_scale": scale, "report": _report_dict(rep)}
+        if not rep.ok:
+            return TierResult("compiler", False, None, f"{rep.error_kind}: {rep.error}", data)
+        model = estimate_calls(ir.calls, self.chip)
+        hbm_floor = sum(c.dma_s + c.edge_s for c in model.calls)
+        static = rep.estimated_s if rep.estimated_s is not None else math.nan
+        if math.isnan(static):
+            return TierResult("compiler", True, None, "compiled; no static estimate was produced", data)
+        # The static schedule does not model HBM bandwidth (FACTS.md): time >= bytes / bandwidth.
+        t = max(static, hbm_floor)
+        bound = "static schedule" if static >= hbm_floor else "HBM floor"
+        return TierResult(
+            "compiler", True, t, f"{bound}: static {static * 1e3:.3f} ms, HBM floor {hbm_floor * 1e3:.3f} ms", data
+        )
+
+    def check(self, ir: KernelIR, seeds: tuple[int, ...]) -> TierResult:
+        from ..harness.check import check
+
+        r = check(ir.source, ir.path, seeds=seeds)
+        return TierResult("check", r.ok, None, r.message or f"max rel err {r.max_rel_err:.2e}", r.to_dict())
+
+    def hardware(self, ir: KernelIR) -> TierResult | None:
+        from ..harness.timing import accelerator_kind, time_kernel
+
+        if accelerator_kind() is None:
+            return None
+        r = time_kernel(ir.source, ir.path)
+        return TierResult("hardware", r.get("ok", False), r.get("median_s"), r.get("message", ""), r)
+
+
+def _libtpu() -> bool:
+    try:
+        from ..cost_model.compiler import libtpu_available
+
+        return libtpu_available()
+    except Exception:
+        return False
+
+
+def _report_dict(rep: Any) -> dict[str, Any]:
+    import dataclasses
+
+    d = dataclasses.asdict(rep) if dataclasses.is_dataclass(rep) and not isinstance(rep, type) else dict(rep)
+    return {k: v for k, v in d.items() if k != "per_op_cycles"} | {
+        "per_op_cycles": [list(x) for x in d.get("per_op_cycles", ())]
+    }

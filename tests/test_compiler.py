@@ -1,0 +1,279 @@
+"""The deviceless compiler tier: real libtpu compiles of an inline matmul, and its failures as values.
+
+The compile tests need libtpu (the `tpu` extra) and skip without it; each compile is a ~1-3 s subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from pallasopt.cost_model import compiler
+from pallasopt.cost_model._compile_worker import hlo_ops
+from pallasopt.cost_model.compiler import CompileReport, compile_module, libtpu_available, parse_static_profile
+from pallasopt.cost_model.hardware import UnknownTarget, get_chip
+
+_skip_without_libtpu = pytest.mark.skipif(
+    not libtpu_available(), reason="libtpu not installed (pip install 'pallasopt[tpu]')"
+)
+
+
+def needs_libtpu(test: Any) -> Any:
+    """Marks a test `tpu_compiler` and skips it without libtpu."""
+    return pytest.mark.tpu_compiler(_skip_without_libtpu(test))
+
+
+MATMUL = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+BLOCK = {block}
+DTYPE = jnp.{dtype}
+
+
+def _kernel(x_ref, y_ref, o_ref, acc_ref):
+    @pl.when(pl.program_id(2) == 0)
+    def _():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+    def _():
+        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+def matmul(x, y):
+    (m, k), n = x.shape, y.shape[1]
+    return pl.pallas_call(
+        _kernel,
+        grid=(m // BLOCK, n // BLOCK, k // BLOCK),
+        in_specs=[pl.BlockSpec((BLOCK, BLOCK), lambda i, j, k: (i, k)),
+                  pl.BlockSpec((BLOCK, BLOCK), lambda i, j, k: (k, j))],
+        out_specs=pl.BlockSpec((BLOCK, BLOCK), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        scratch_shapes=[pltpu.VMEM((BLOCK, BLOCK), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+    )(x, y)
+
+
+def reference(x, y):
+    return jnp.dot(x, y, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def make_inputs(key, M=512, N=512, K=512):
+    kx, ky = jax.random.split(key)
+    return jax.random.normal(kx, (M, K), DTYPE), jax.random.normal(ky, (K, N), DTYPE)
+"""
+
+
+def matmul_source(block: int = 128, dtype: str = "float32") -> str:
+    return MATMUL.format(block=block, dtype=dtype)
+
+
+def compile_matmul(
+    block: int = 128, dtype: str = "float32", n: int = 512, target: str = "v5e", **kw: Any
+) -> CompileReport:
+    return compile_module(
+        matmul_source(block, dtype), "kernels/mm.py", "matmul", {"M": n, "N": n, "K": n}, target, **kw
+    )
+
+
+# ---- pure parts: no libtpu needed --------------------------------------------------------------------------------
+
+PROFILE = """hlo_op_estimate {
+  hlo_op_name: "matmul.1"
+  estimated_cycles: 50899
+  num_equivalent_hlos: 1
+  dma_instruction_type: DMA_INSTRUCTION_TYPE_LOCAL
+  scalar_inputs: 0
+}
+"""
+
+
+def test_parse_static_profile() -> None:
+    assert parse_static_profile(PROFILE) == [("matmul.1", 50899)]
+    assert parse_static_profile(PROFILE + PROFILE.replace("matmul.1", "fusion").replace("50899", "7")) == [
+        ("matmul.1", 50899),
+        ("fusion", 7),
+    ]
+    assert parse_static_profile("garbage") == []
+
+
+def test_hlo_ops_reads_kernel_target_scoped_vmem_and_cycles() -> None:
+    line = (
+        '  ROOT %matmul.1 = f32[512,512]{1,0:T(8,128)} custom-call(%x.1, %y.1), custom_call_target="tpu_custom_call",'
+        ' metadata={op_name="jit(matmul)/pallas_call"}, backend_config={"flag_configs":[],"scoped_memory_configs":[],'
+        '"used_scoped_memory_configs":[{"memory_space":"1","offset":"0","size":"458752"}],'
+        '"bundle_analysis_data":{"estimated_cycles":"50899","flops":"0","scalar_inputs":"0"}}'
+    )
+    fusion = '  %fusion = f32[8]{0} fusion(%a), kind=kLoop, calls=%fc, backend_config={"flag_configs":[]}'
+    assert hlo_ops(f"HloModule m\n{line}\n{fusion}\n  %p = f32[8]{{0}} parameter(0)\n") == [
+        {"name": "matmul.1", "opcode": "custom-call", "target": "tpu_custom_call", "scoped_vmem": 458752,
+         "bundle_cycles": 50899},
+        {"name": "fusion", "opcode": "fusion", "target": "", "scoped_vmem": None, "bundle_cycles": None},
+    ]  # fmt: skip
+
+
+OOM_MESSAGES = [
+    (
+        "RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom:\nRan out of memory in memory space vmem while allocating"
+        ' on stack for %matmul.1 = f32[2048,2048]{1,0:T(8,128)} custom-call(%x.1, %y.1), metadata={op_name="x"}.'
+        " Scoped allocation with size 28.00M and limit 16.00M exceeded scoped vmem limit by 12.00M. It should not be"
+        " possible to run out of scoped vmem - \nSee https://openxla.org/xla/errors/error_1001 for more details.",
+        28 << 20,
+    ),
+    (
+        "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space vmem. Used 64.00M of"
+        " 63.94M vmem. Exceeded vmem capacity by 64.0K.\nProgram vmem requirement 64.00M:\n [type.googleapis.com/"
+        "tensorflow.tpu.CompilationResultProto='\\x08\\x08...[truncated]']",
+        64 << 20,
+    ),
+    (
+        "RESOURCE_EXHAUSTED: Allocation (size=33554432) would exceed memory (size=16777216) :: #allocation2 [shape ="
+        " 'u8[33554432]{0}', space=vmem, size = 0x2000000, scoped] :: copy.2",
+        33554432,
+    ),
+]
+
+
+@pytest.mark.parametrize(("message", "size"), OOM_MESSAGES)
+def test_vmem_oom_messages(message: str, size: int) -> None:
+    assert compiler._is_vmem_oom(message)
+    assert compiler._oom_bytes(message) == size
+    trimmed = compiler._trim(message)
+    assert "googleapis" not in trimmed and "openxla.org" not in trimmed and "custom-call(" not in trimmed
+
+
+def test_trim_keeps_the_e1001_line() -> None:
+    trimmed = compiler._trim(OOM_MESSAGES[0][0])
+    assert trimmed == (
+        "RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom:\nRan out of memory in memory space vmem while allocating"
+        " on stack for %matmul.1. Scoped allocation with size 28.00M and limit 16.00M exceeded scoped vmem limit by"
+        " 12.00M."
+    )
+
+
+def test_child_env_is_private_to_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--foo=1")
+    env = compiler._child_env("/tmp/d")
+    assert "ANTHROPIC_API_KEY" not in env
+    assert env["LIBTPU_INIT_ARGS"] == "--foo=1 --xla_jf_dump_static_llo_profile_to=/tmp/d"
+    assert env["TPU_SKIP_MDS_QUERY"] == "1" and env["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "1"
+    assert env["JAX_PLATFORMS"] == "cpu"
+    assert compiler._child_env(None)["LIBTPU_INIT_ARGS"] == "--foo=1"
+    assert os.environ["LIBTPU_INIT_ARGS"] == "--foo=1" and os.environ["ANTHROPIC_API_KEY"] == "sk-test"
+
+
+def test_without_libtpu_it_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compiler, "libtpu_available", lambda: False)
+    r = compile_matmul()
+    assert not r.ok and r.error_kind == "libtpu_missing"
+    assert r.error == "libtpu not installed (pip install 'pallasopt[tpu]')"
+
+
+def test_targets() -> None:
+    r = compile_matmul(target="h100")
+    assert not r.ok and r.error_kind == "unsupported"
+    with pytest.raises(UnknownTarget):
+        compile_matmul(target="v99")
+
+
+# ---- real compiles ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def v5e_matmul() -> CompileReport:
+    if not libtpu_available():
+        pytest.skip("libtpu not installed (pip install 'pallasopt[tpu]')")
+    return compile_matmul(steps_scale=4.0)
+
+
+@needs_libtpu
+def test_matmul_compiles_with_a_cycle_estimate(v5e_matmul: CompileReport) -> None:
+    r = v5e_matmul
+    assert r.ok, r.error
+    assert r.error is None and r.error_kind is None and r.note is None and r.target == "v5e"
+    assert r.estimated_cycles is not None and r.estimated_cycles > 10_000  # 64 steps of ~800 cycles (measured)
+    assert r.kernel_cycles == r.estimated_cycles and r.xla_cycles == 0
+    assert [name for name, _ in r.per_op_cycles] == ["pallas:matmul.1"]
+    assert r.steps_scale == 4.0
+    assert r.estimated_s == pytest.approx(r.estimated_cycles / get_chip("v5e").clock_hz * 4.0)
+    assert r.vmem_bytes == 2 * 3 * 128 * 128 * 4 + 128 * 128 * 4  # double-buffered blocks + accumulator
+    assert 0 < r.compile_s < 60
+
+
+@needs_libtpu
+def test_estimate_scales_with_grid_steps(v5e_matmul: CompileReport) -> None:
+    small = compile_matmul(n=256)  # 8 steps vs 64
+    assert small.ok and small.estimated_cycles and v5e_matmul.estimated_cycles
+    assert 6.0 < v5e_matmul.estimated_cycles / small.estimated_cycles < 8.5
+
+
+@needs_libtpu
+def test_bigger_tiles_make_a_compute_bound_matmul_cheaper() -> None:
+    small_tiles = compile_matmul(block=128, dtype="bfloat16")
+    big_tiles = compile_matmul(block=512, dtype="bfloat16")
+    assert small_tiles.ok and big_tiles.ok
+    assert small_tiles.estimated_cycles and big_tiles.estimated_cycles
+    assert big_tiles.estimated_cycles * 3 < small_tiles.estimated_cycles
+
+
+@needs_libtpu
+def test_reference_is_pure_xla() -> None:
+    r = compile_module(matmul_source(), "kernels/mm.py", "reference", {"M": 512, "N": 512, "K": 512}, "v6e")
+    assert r.ok, r.error
+    assert r.per_op_cycles and all(name.startswith("xla:") for name, _ in r.per_op_cycles)
+    assert r.kernel_cycles == 0 and r.estimated_cycles == r.xla_cycles and r.estimated_cycles > 0
+    assert dict(r.cost_analysis)["flops"] == 2 * 512**3
+
+
+@needs_libtpu
+def test_trace_sees_the_target_device() -> None:
+    # Kernels that ask for the chip at trace time (pltpu.get_tpu_info, emit_pipeline) must see the target's kind.
+    source = matmul_source() + (
+        "\ndef checked(x, y):\n"
+        "    assert pltpu.get_tpu_info().generation == 6, pltpu.get_tpu_info()\n"
+        "    return matmul(x, y)\n"
+    )
+    r = compile_module(source, "kernels/mm.py", "checked", {}, "v6e")
+    assert r.ok, r.error
+    assert r.estimated_cycles and r.vmem_bytes
+
+
+@needs_libtpu
+def test_vmem_overflow_is_reported_quickly() -> None:
+    # (1024, 1024) f32 blocks on a 2x2x2 grid: 2 x 3 x 4 MiB + 4 MiB accumulator = 28 MiB > v5e's 16 MiB default
+    # scoped limit; rejected in ~2 s. (With n=1024 the grid has one step, nothing is double-buffered and it fits.)
+    r = compile_matmul(block=1024, n=2048)
+    assert not r.ok and r.error_kind == "vmem_oom"
+    assert r.error is not None and "E1001" in r.error and "size 28.00M and limit 16.00M" in r.error
+    assert r.vmem_bytes == 28 << 20
+    assert r.compile_s < 30
+
+
+@needs_libtpu
+def test_candidate_faults_are_values() -> None:
+    lowering = compile_module(
+        matmul_source().replace("preferred_element_type=jnp.float32)", "precision=jax.lax.Precision.HIGH)"),
+        "kernels/mm.py",
+        "matmul",
+        {},
+        "v5e",
+    )
+    assert lowering.error_kind == "lowering" and "Unsupported dot precision" in str(lowering.error)
+    broken = compile_module("import jax\ndef f(:\n    pass\n", "kernels/bad.py", "f", {}, "v5e")
+    assert broken.error_kind == "import" and str(broken.error).startswith("kernels/bad.py:2: SyntaxError")
+    missing = compile_module(matmul_source(), "kernels/mm.py", "nope", {}, "v5e")
+    assert missing.error_kind == "entry" and "'nope'" in str(missing.error)
+
+
+@needs_libtpu
+def test_timeout_kills_the_compile() -> None:
+    r = compile_matmul(timeout_s=0.3)
+    assert not r.ok and r.error_kind == "timeout" and r.compile_s < 5
