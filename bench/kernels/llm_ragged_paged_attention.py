@@ -4,7 +4,8 @@ The T query tokens of all sequences are concatenated; sequence s owns tokens cu_
 cu_q_lens[s+1] (its newest q_len tokens), has kv_lens[s] cached tokens (its new tokens included,
 already written) in pages page_indices[s], and attends causally. kv_pages interleaves K and V heads:
 (total_pages, page_size, 2*Hkv, D), K head h at 2h, V head h at 2h+1. Same arguments and semantics
-as jax.experimental.pallas.ops.tpu.ragged_paged_attention (sm_scale = 1/sqrt(D)).
+as jax.experimental.pallas.ops.tpu.ragged_paged_attention (sm_scale = 1/sqrt(D)); like that kernel
+it leaves tokens past cu_q_lens[num_seqs] undefined (make_inputs gives every token a sequence).
 
 Default size: T=2048 batched tokens, 32 sequences (8 prefill chunks, 24 decodes), Hq=32, Hkv=8,
 D=128, page_size=32, up to 4096 tokens per sequence, bf16 -- a vLLM-TPU serving step for
@@ -52,7 +53,7 @@ def _kernel(kv_lens, q_lens, pages, blk_seq, blk_q0, q_ref, kv_ref, o_ref, m_ref
     i, p = pl.program_id(0), pl.program_id(1)
     seq = blk_seq[i]
     kv_len, q_len = kv_lens[seq], q_lens[seq]
-    n_heads, rows, _ = q_ref.shape
+    rows = q_ref.shape[1]
     two_hkv = kv_ref.shape[0] // page_size
 
     @pl.when(p == 0)

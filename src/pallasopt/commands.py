@@ -72,7 +72,15 @@ def _add_db(sub: Any) -> None:
     p.set_defaults(handler=cmd_db)
 
 
-ADDERS: tuple[Callable[[Any], None], ...] = (_add_apply, _add_run, _add_replay, _add_db)
+def _add_import(sub: Any) -> None:
+    p = sub.add_parser(
+        "import", add_help=False, help="write a kernel module around a JAXBench workload or a MaxKernel task"
+    )
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(handler=lambda args, console: __import__("pallasopt.adapters").adapters.import_main(args.rest))
+
+
+ADDERS: tuple[Callable[[Any], None], ...] = (_add_apply, _add_run, _add_replay, _add_db, _add_import)
 
 
 def _print_source(console: Console, title: str, source: str) -> None:

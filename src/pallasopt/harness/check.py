@@ -75,3 +75,14 @@ def check(
     if child.reply is None:
         return CheckResult(ok=False, status=child.status, message=child.message, wall_s=child.wall_s)
     return CheckResult.from_dict({"wall_s": child.wall_s, **child.reply})
+
+
+def check_many(
+    sources: Sequence[str], path: str, *, seeds: Sequence[int] = DEFAULT_SEEDS, timeout_s: float = 1800.0
+) -> list[CheckResult]:
+    """Check several sources of one kernel file in a single child process (amortizes JAX start-up)."""
+    request = {"op": "check_many", "sources": list(sources), "path": path, "seeds": list(seeds), "dims": {}}
+    child = run_child("pallasopt.harness.worker", request, timeout_s=timeout_s)
+    if child.reply is None:
+        return [CheckResult(ok=False, status=child.status, message=child.message) for _ in sources]
+    return [CheckResult.from_dict(r) for r in child.reply["results"]]

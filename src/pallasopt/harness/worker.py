@@ -16,6 +16,9 @@ from .subproc import limit_memory, write_reply
 
 def handle(request: dict[str, Any]) -> dict[str, Any]:
     from ..errors import UserError
+
+    if request["op"] == "check_many":
+        return {"ok": True, "results": [handle({**request, "op": "check", "source": s}) for s in request["sources"]]}
     from ..workload import load_source
 
     try:

@@ -176,13 +176,22 @@ def beam_search(
             alive = [c for c in alive if c.passed("compiler")]
         ranked = sorted(alive, key=lambda n: (key(n), n.spec))
         worst_kept = sorted(key(n) for n in beam)[-1] if len(beam) >= config.beam else float("inf")
-        to_check = [c for c in ranked if key(c) < worst_kept][: config.check_top or config.beam]
+        # Check in rank order, `jobs` at a time, until `beam` candidates pass (at most 2 x beam checks a depth):
+        # only candidates that could enter the beam are worth the interpret-mode run.
+        queue = [c for c in ranked if key(c) < worst_kept][: 2 * config.beam]
+        verified: list[Node] = []
         with ThreadPoolExecutor(jobs) as pool:
-            for c, r in zip(to_check, pool.map(lambda n: evaluator.check(n.ir, seeds), to_check), strict=True):
-                c.results["check"] = r
-                evaluations += 1
-                say("checked", {"node": c})
-        verified = [c for c in to_check if c.passed("check")]
+            while queue and len(verified) < config.beam:
+                batch, queue = (
+                    queue[: min(jobs, config.beam - len(verified))],
+                    queue[min(jobs, config.beam - len(verified)) :],
+                )
+                for c, r in zip(batch, pool.map(lambda n: evaluator.check(n.ir, seeds), batch), strict=True):
+                    c.results["check"] = r
+                    evaluations += 1
+                    say("checked", {"node": c})
+                    if r.ok:
+                        verified.append(c)
         if score_tier == "hardware":
             for c in verified:
                 r = evaluator.hardware(c.ir)  # type: ignore[arg-type]

@@ -1,0 +1,209 @@
+"""Passes: before/after source tests, declined cases, and every choice on every example re-parsed, re-traced and
+checked numerically in interpret mode."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from conftest import EXAMPLES, ROOT
+
+from pallasopt.cost_model.hardware import get_chip
+from pallasopt.errors import PassNotApplicable, UsageError
+from pallasopt.harness.check import check_many
+from pallasopt.ir.kernel_ir import KernelIR
+from pallasopt.passes.registry import PASSES, parse_pipeline
+
+V5E = get_chip("v5e")
+
+
+def apply(ir: KernelIR, spec: str) -> KernelIR:
+    (p,) = parse_pipeline(spec)
+    return p.apply(ir)
+
+
+def changed_lines(before: str, after: str) -> list[tuple[str, str]]:
+    import difflib
+
+    out = []
+    for line in difflib.ndiff(before.splitlines(), after.splitlines()):
+        if line[:2] in ("- ", "+ "):
+            out.append((line[0], line[2:].strip()))
+    return out
+
+
+def test_registry_names_unique_and_kebab() -> None:
+    names = [p.name for p in PASSES]
+    assert len(names) == len(set(names))
+    assert all(n == n.lower() and " " not in n and "_" not in n for n in names)
+
+
+def test_spec_round_trip() -> None:
+    (p,) = parse_pipeline("tile{call=0,bm=256,bk=512}")
+    assert p.spec() == "tile{call=0,bm=256,bk=512}"
+    (q,) = parse_pipeline(p.spec())
+    assert q == p
+
+
+@pytest.mark.parametrize(
+    "spec", ["nope", "tile{bm}", "tile{bm=x}", "dimension-semantics{foo=1}", "tile{bm=256", "tile{bm=-8}"]
+)
+def test_bad_specs_are_usage_errors(spec: str) -> None:
+    with pytest.raises(UsageError):
+        parse_pipeline(spec)
+
+
+def test_tile_matmul_defaults(example_irs) -> None:
+    ir = example_irs["matmul"]
+    new = apply(ir, "tile{call=0,bm=512,bn=256,bk=1024}")
+    assert changed_lines(ir.source, new.source) == [
+        ("-", "def matmul(x, y, bm=128, bn=128, bk=128):"),
+        ("+", "def matmul(x, y, bm=512, bn=256, bk=1024):"),
+    ]
+    assert new.calls[0].grid == (4, 8, 2)
+    assert [o.block_shape for o in new.calls[0].operands] == [(512, 1024), (1024, 256), (512, 256)]
+
+
+def test_tile_literals_rewrites_blockspecs_and_grid_together() -> None:
+    ir = KernelIR.from_file(ROOT / "bench/kernels/fused_01_matmul_bias_relu.py")
+    new = apply(ir, "tile{call=0,axis0=256,axis1=256,axis2=512}")
+    got = changed_lines(ir.source, new.source)
+    assert ("+", "grid=(M // 256, N // 256, K // 512),") in got
+    assert ("+", "pl.BlockSpec((256, 512), lambda i, j, k: (i, k)),") in got
+    assert ("+", "pl.BlockSpec((1, 256), lambda i, j, k: (0, j)),") in got
+    assert ("+", "out_specs=pl.BlockSpec((256, 256), lambda i, j, k: (i, j)),") in got
+
+
+def test_tile_partial_keyword(example_irs) -> None:
+    ir = example_irs["rmsnorm"]
+    new = apply(ir, "tile{call=0,block_rows=64}")
+    assert changed_lines(ir.source, new.source) == [
+        ("-", "rmsnorm = functools.partial(_rmsnorm, block_rows=16, eps=1e-6)"),
+        ("+", "rmsnorm = functools.partial(_rmsnorm, block_rows=64, eps=1e-6)"),
+    ]
+
+
+def test_tile_module_constant_and_local(example_irs) -> None:
+    new = apply(example_irs["softmax"], "tile{call=0,ROWS_PER_BLOCK=64}")
+    assert "ROWS_PER_BLOCK = 64" in new.source
+    new = apply(example_irs["attention"], "tile{call=0,block_q=512}")
+    assert "block_q = 512" in new.source
+
+
+def test_tile_declines(example_irs) -> None:
+    ir = example_irs["matmul"]
+    with pytest.raises(PassNotApplicable, match="no tile knob"):
+        apply(ir, "tile{call=0,zz=256}")
+    with pytest.raises(PassNotApplicable, match="already"):
+        apply(ir, "tile{call=0,bm=128}")
+    with pytest.raises(PassNotApplicable, match="no pallas_call #3"):
+        apply(ir, "tile{call=3,bm=256}")
+
+
+def test_dimension_semantics_adds_compiler_params(example_irs) -> None:
+    ir = example_irs["matmul"]
+    new = apply(ir, "dimension-semantics{call=0}")
+    assert new.calls[0].dimension_semantics == ("parallel", "parallel", "arbitrary")
+    assert "from jax.experimental.pallas import tpu as pltpu" in new.source
+    assert (
+        '        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),'
+        in new.source
+    )
+    with pytest.raises(PassNotApplicable, match="already"):
+        apply(new, "dimension-semantics{call=0}")
+
+
+def test_dimension_semantics_edits_existing_params() -> None:
+    src = textwrap.dedent(
+        """
+        import jax
+        import jax.numpy as jnp
+        from jax.experimental import pallas as pl
+        from jax.experimental.pallas import tpu as tpu_lib
+
+        def k(x_ref, o_ref):
+            o_ref[...] = x_ref[...] * 2
+
+        def double(x):
+            params = tpu_lib.CompilerParams(vmem_limit_bytes=32 * 1024 * 1024)
+            spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+            return pl.pallas_call(k, grid=(x.shape[0] // 8,), in_specs=[spec], out_specs=spec,
+                                  out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), compiler_params=params)(x)
+
+        def reference(x):
+            return x * 2
+
+        def make_inputs(key, M=64):
+            return (jax.random.normal(key, (M, 128)),)
+        """
+    )
+    ir = KernelIR.from_source(src, "k.py")
+    new = apply(ir, "dimension-semantics{call=0}")
+    assert (
+        'params = tpu_lib.CompilerParams(vmem_limit_bytes=32 * 1024 * 1024, dimension_semantics=("parallel",))'
+        in new.source
+    )
+    assert new.calls[0].vmem_limit_bytes == 32 * 2**20
+
+
+def test_dimension_semantics_keeps_reductions_arbitrary_and_refuses_unsafe() -> None:
+    src = (
+        (ROOT / "examples/matmul.py")
+        .read_text()
+        .replace(
+            "        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),\n",
+            "        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),\n"
+            '        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel")),\n',
+        )
+        .replace(
+            "from jax.experimental import pallas as pl\n",
+            "from jax.experimental import pallas as pl\nfrom jax.experimental.pallas import tpu as pltpu\n",
+        )
+    )
+    ir = KernelIR.from_source(src, "m.py")
+    with pytest.raises(PassNotApplicable, match="marked parallel"):
+        apply(ir, "dimension-semantics{call=0}")
+
+
+def test_vmem_limit(example_irs) -> None:
+    new = apply(example_irs["softmax"], "vmem-limit{call=0,mib=64}")
+    assert new.calls[0].vmem_limit_bytes == 64 * 2**20
+    assert "vmem_limit_bytes=64 * 1024 * 1024" in new.source
+
+
+def test_single_buffer(example_irs) -> None:
+    ir = example_irs["rmsnorm"]
+    new = apply(ir, "single-buffer{call=0,operand=1}")
+    assert ("+", "pl.BlockSpec((1, d), lambda i: (0, 0), pipeline_mode=pl.Buffered(1)),") in changed_lines(
+        ir.source, new.source
+    )
+    assert new.calls[0].operands[1].buffer_count == 1
+    with pytest.raises(PassNotApplicable):
+        apply(ir, "single-buffer{call=0,operand=0}")  # the x block moves every step
+
+
+def test_single_buffer_declines_shared_spec(example_irs) -> None:
+    # elementwise uses one BlockSpec object for x, y and out: they all move, so nothing qualifies.
+    assert not [p for p in PASSES if p.name == "single-buffer"][0].choices(example_irs["elementwise"], V5E)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_every_choice_on_every_example(path, example_irs) -> None:
+    """Each choice each pass offers re-parses, re-traces and stays numerically equal to the reference."""
+    ir = example_irs[path.stem]
+    sources, specs = [], []
+    for p in PASSES:
+        for choice in p.choices(ir, V5E):
+            try:
+                new = choice.apply(ir)
+            except PassNotApplicable:
+                continue
+            new2 = KernelIR.from_source(new.source, str(path))  # re-parses and re-traces on its own
+            assert len(new2.calls) == len(ir.calls)
+            sources.append(new.source)
+            specs.append(choice.spec())
+    assert specs, "no pass applies to this example"
+    results = check_many(sources, str(path))
+    bad = [(s, r.status, r.message) for s, r in zip(specs, results, strict=True) if not r.ok]
+    assert not bad, bad

@@ -1,0 +1,202 @@
+"""Beam search and the kernel DB, driven by fakes: a fixed cost table and a dummy runner (milliseconds, no JAX
+child processes), plus one real end-to-end run on the CPU tiers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+from conftest import ROOT
+
+from pallasopt.config import SearchConfig
+from pallasopt.cost_model.hardware import get_chip
+from pallasopt.ir.kernel_ir import KernelIR
+from pallasopt.optimize import optimize
+from pallasopt.passes.base import Pass
+from pallasopt.passes.tile import TilePass
+from pallasopt.search.beam import BaselineIncorrect, beam_search
+from pallasopt.search.tiers import TierResult, model_tier
+
+V5E = get_chip("v5e")
+MATMUL = ROOT / "examples" / "matmul.py"
+
+
+class FakeTiers:
+    """Compiler tier = a fixed table over block sizes; check fails for a chosen set; counts every call."""
+
+    def __init__(self, bad_bm: frozenset[int] = frozenset(), compile_fail_bm: frozenset[int] = frozenset()) -> None:
+        self.bad_bm = bad_bm
+        self.compile_fail_bm = compile_fail_bm
+        self.calls = {"model": 0, "compiler": 0, "check": 0, "hardware": 0}
+
+    @staticmethod
+    def bm(ir: KernelIR) -> int:
+        return ir.calls[0].operands[0].block_shape[0]
+
+    def model(self, ir: KernelIR) -> TierResult:
+        self.calls["model"] += 1
+        return model_tier(ir, V5E)
+
+    def compiler(self, ir: KernelIR) -> TierResult | None:
+        self.calls["compiler"] += 1
+        if self.bm(ir) in self.compile_fail_bm:
+            return TierResult("compiler", False, None, "vmem_oom: fake")
+        t = model_tier(ir, V5E).time_s
+        assert t is not None
+        return TierResult("compiler", True, t * 1.25, "fake table")
+
+    def check(self, ir: KernelIR, seeds: tuple[int, ...]) -> TierResult:
+        self.calls["check"] += 1
+        return TierResult("check", self.bm(ir) not in self.bad_bm, None, "fake check")
+
+    def hardware(self, ir: KernelIR) -> TierResult | None:
+        self.calls["hardware"] += 1
+        return None
+
+
+@dataclass(frozen=True)
+class BuggyPass(Pass):
+    """A pass whose apply crashes (a bug): the search must record it and go on."""
+
+    name: ClassVar[str] = "buggy"
+
+    @classmethod
+    def choices(cls, ir, chip):
+        return (cls(),)
+
+    def apply(self, ir):
+        raise RuntimeError("boom")
+
+
+@pytest.fixture(scope="module")
+def matmul_ir() -> KernelIR:
+    return KernelIR.from_file(MATMUL)
+
+
+def run(ir, tiers, **kw):
+    cfg = SearchConfig(**{"beam": 4, "depth": 2, "jobs": 1, **kw})
+    return beam_search(ir, (TilePass, BuggyPass), tiers, V5E, cfg)
+
+
+def test_finds_a_faster_verified_kernel(matmul_ir) -> None:
+    tiers = FakeTiers()
+    out = run(matmul_ir, tiers)
+    assert out.score_tier == "compiler"
+    assert out.best is not out.baseline and out.best.passed("check")
+    b, s = out.score(out.baseline), out.score(out.best)
+    assert b and s and b.time_s / s.time_s > 3
+    assert any(n.error.startswith("RuntimeError: boom") for n in out.nodes.values())  # recorded, search went on
+
+
+def test_candidates_failing_a_tier_are_never_returned(matmul_ir) -> None:
+    first = run(matmul_ir, FakeTiers())
+    winner_bm = first.best.ir.calls[0].operands[0].block_shape[0]
+    out = run(matmul_ir, FakeTiers(bad_bm=frozenset({winner_bm})))
+    assert out.best.ir.calls[0].operands[0].block_shape[0] != winner_bm
+    out2 = run(matmul_ir, FakeTiers(compile_fail_bm=frozenset({winner_bm})))
+    assert out2.best.ir.calls[0].operands[0].block_shape[0] != winner_bm
+    rejected = [n for n in out.nodes.values() if "check" in n.results and not n.passed("check")]
+    assert rejected and all("rejected by check" in n.verdict() for n in rejected)
+
+
+def test_deterministic(matmul_ir) -> None:
+    a = run(matmul_ir, FakeTiers())
+    b = run(matmul_ir, FakeTiers())
+    assert a.best.recipe == b.best.recipe and sorted(a.nodes) == sorted(b.nodes)
+
+
+def test_budget_limits_candidates(matmul_ir) -> None:
+    out = run(matmul_ir, FakeTiers(), max_candidates=5)
+    assert len(out.nodes) <= 5
+
+
+def test_checks_are_limited_to_what_can_enter_the_beam(matmul_ir) -> None:
+    tiers = FakeTiers()
+    run(matmul_ir, tiers, beam=2, depth=1)
+    assert tiers.calls["check"] <= 1 + 2  # baseline + at most `beam` candidates per depth
+
+
+def test_incorrect_baseline_is_refused(matmul_ir) -> None:
+    with pytest.raises(BaselineIncorrect):
+        run(matmul_ir, FakeTiers(bad_bm=frozenset({128})))
+
+
+def test_optimize_repeats_from_db_and_resumes(tmp_path) -> None:
+    kernel = tmp_path / "matmul.py"
+    kernel.write_text(MATMUL.read_text())
+    db = tmp_path / "k.db"
+    tiers = FakeTiers()
+    r1 = optimize(kernel, beam=3, depth=2, db_path=db, evaluator=tiers, jobs=1)
+    assert r1.correct and r1.speedup > 3 and not r1.from_cache
+    assert (tmp_path / "matmul.opt.py").exists() and kernel.read_text() == MATMUL.read_text()
+    first_checks = tiers.calls["check"]
+    again = FakeTiers()
+    r2 = optimize(kernel, beam=3, depth=2, db_path=db, evaluator=again, jobs=1)
+    assert r2.from_cache and r2.recipe == r1.recipe and sum(again.calls.values()) == 0
+    # A fresh search over the same DB recomputes no finished compile/check evaluation.
+    third = FakeTiers()
+    r3 = optimize(kernel, beam=3, depth=2, db_path=db, evaluator=third, jobs=1, fresh=True)
+    assert r3.recipe == r1.recipe and third.calls["check"] == 0 and third.calls["compiler"] == 0
+    assert first_checks > 0
+
+
+def test_interrupted_run_resumes_without_losing_evaluations(tmp_path) -> None:
+    kernel = tmp_path / "matmul.py"
+    kernel.write_text(MATMUL.read_text())
+    db = tmp_path / "k.db"
+
+    class Interrupting(FakeTiers):
+        def check(self, ir, seeds):
+            if self.calls["check"] >= 3:
+                raise KeyboardInterrupt
+            return super().check(ir, seeds)
+
+    first = Interrupting()
+    with pytest.raises(KeyboardInterrupt):
+        optimize(kernel, beam=3, depth=2, db_path=db, evaluator=first, jobs=1)
+    done_before = first.calls["check"]
+    from pallasopt.db.store import KernelDB
+
+    with KernelDB.open(db) as kdb:
+        (w,) = kdb.workloads()
+        assert kdb.last_run(w.id).state == "interrupted"
+        stored = len(kdb.evaluations(w.id, tier="check"))
+    assert stored == done_before == 3
+    second = FakeTiers()
+    r = optimize(kernel, beam=3, depth=2, db_path=db, evaluator=second, jobs=1, resume=True)
+    assert r.correct
+    reference = FakeTiers()
+    optimize(kernel, beam=3, depth=2, db_path=tmp_path / "other.db", evaluator=reference, jobs=1)
+    assert second.calls["check"] == reference.calls["check"] - done_before  # nothing finished was redone
+
+
+def test_in_place_refused_without_flag(tmp_path) -> None:
+    kernel = tmp_path / "matmul.py"
+    kernel.write_text(MATMUL.read_text())
+    from pallasopt.errors import UsageError
+
+    with pytest.raises(UsageError, match="overwrite the input"):
+        optimize(kernel, beam=2, depth=1, db_path=tmp_path / "k.db", evaluator=FakeTiers(), output=kernel, jobs=1)
+    assert kernel.read_text() == MATMUL.read_text()
+
+
+@pytest.mark.slow
+def test_real_run_on_softmax_without_compiler(tmp_path, capsys) -> None:
+    """End to end on the CPU tiers (model + real oracle), through the CLI with --json."""
+    import json
+
+    from pallasopt.cli import main
+
+    kernel = tmp_path / "softmax.py"
+    kernel.write_text((ROOT / "examples" / "softmax.py").read_text())
+    code = main(
+        ["run", str(kernel), "--beam", "2", "--depth", "1", "--no-compile", "--json", "--report", str(tmp_path / "rep")]
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["correct"] and out["speedup"] > 1.5
+    assert out["baseline"]["tier"] == "model" and out["best"]["tier"] == "model"
+    for key in ("recipe", "output_path", "candidates_evaluated", "wall_s"):
+        assert key in out
+    assert (tmp_path / "rep" / "report.md").exists() and (tmp_path / "rep" / "search_tree.graphml").exists()
+    assert "ROWS_PER_BLOCK = " in (tmp_path / "softmax.opt.py").read_text()
