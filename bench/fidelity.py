@@ -201,6 +201,30 @@ def _ranks(x: np.ndarray) -> np.ndarray:
     return ranks
 
 
+def _compare(model: Sequence[float], compiler: Sequence[float]) -> dict[str, Any]:
+    """n, Spearman, and the median and IQR of model / compiler."""
+    ratio = np.array([x / y for x, y in zip(model, compiler, strict=True) if y])
+    return {
+        "n": len(model),
+        "spearman": spearman(model, compiler),
+        "median_ratio": float(np.median(ratio)) if len(ratio) else math.nan,
+        "iqr_ratio": [float(np.percentile(ratio, 25)), float(np.percentile(ratio, 75))] if len(ratio) else [],
+    }
+
+
+def _tier(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return _compare([r["model"]["time_s"] for r in rows], [r["compiler"]["time_s"] for r in rows])
+
+
+def _on_core(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return _compare([r["model"]["on_core_s"] for r in rows], [r["compiler"]["static_s"] for r in rows])
+
+
+def _mean(values: list[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return float(np.mean(kept)) if kept else math.nan
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-target figures from the per-configuration rows."""
     both = [
@@ -208,73 +232,39 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for r in rows
         if r["model"] and r["model"]["ok"] and r["compiler"]["status"] == "ok" and r["compiler"]["time_s"]
     ]
-    m = [r["model"]["time_s"] for r in both]
-    c = [r["compiler"]["time_s"] for r in both]
-    s = [r["compiler"]["static_s"] for r in both]
-    ratio = np.array([x / y for x, y in zip(m, c, strict=True)]) if both else np.array([])
-    ratio_static = np.array([x / y for x, y in zip(m, s, strict=True) if y]) if both else np.array([])
-    # Non-circular check: the tier time takes the model's own HBM floor, so compare the on-core parts alone.
-    on_core = [r["model"]["on_core_s"] for r in both]
-    ratio_core = np.array([x / y for x, y in zip(on_core, s, strict=True) if y]) if both else np.array([])
-    # Bound verdicts: the model calls a config memory-bound iff the compiler's static schedule is under the floor.
-    bound_agree = sum(
-        1
-        for r in both
-        if (r["model"]["bound"] == "memory") == ((r["compiler"]["static_s"] or 0) < r["compiler"]["time_s"])
-    )
+    # The tier time takes the model's own HBM floor, so on memory-bound configs model and tier agree by
+    # construction. The independent check: where the model is not memory-bound, its on-core time (compute + step
+    # overhead) against the static schedule alone.
+    core = [r for r in both if r["model"]["bound"] != "memory" and r["compiler"]["static_s"]]
     per_kernel: dict[str, dict[str, Any]] = {}
     for k in sorted({r["kernel"] for r in both}):
-        sub = [r for r in both if r["kernel"] == k]
         per_kernel[k] = {
-            "n": len(sub),
-            "spearman": spearman([r["model"]["time_s"] for r in sub], [r["compiler"]["time_s"] for r in sub]),
-            "spearman_static": spearman(
-                [r["model"]["time_s"] for r in sub], [r["compiler"]["static_s"] or 0.0 for r in sub]
-            ),
-            "spearman_on_core": spearman(
-                [r["model"]["on_core_s"] for r in sub], [r["compiler"]["static_s"] or 0.0 for r in sub]
-            ),
-            "median_ratio": float(np.median([r["model"]["time_s"] / r["compiler"]["time_s"] for r in sub])),
-            "median_ratio_on_core": float(
-                np.median(
-                    [r["model"]["on_core_s"] / r["compiler"]["static_s"] for r in sub if r["compiler"]["static_s"]]
-                )
-            ),
+            "tier": _tier([r for r in both if r["kernel"] == k]),
+            "on_core": _on_core([r for r in core if r["kernel"] == k]),
         }
-    within = [v["spearman"] for v in per_kernel.values() if not math.isnan(v["spearman"])]
-    within_core = [v["spearman_on_core"] for v in per_kernel.values() if not math.isnan(v["spearman_on_core"])]
-    # VMEM verdicts: configurations both consider legal and the compiler answered (ok or vmem_oom).
+    # Bound verdicts: the model calls a config memory-bound iff the static schedule is under the HBM floor.
+    floor_wins = [r for r in both if (r["compiler"]["static_s"] or 0) < r["compiler"]["time_s"]]
+    bound_agree = sum(1 for r in both if (r["model"]["bound"] == "memory") == (r in floor_wins))
+    # VMEM verdicts: configurations the model finds legal and the compiler answered (ok or vmem_oom).
     vm = [r for r in rows if r["model"] and r["model"]["legal"] and r["compiler"]["status"] in ("ok", "vmem_oom")]
     vmem_dis = [r for r in vm if r["model"]["fits_vmem"] != (r["compiler"]["status"] == "ok")]
     # Legality: model `legal` vs the compiler not failing in lowering.
-    lg = [r for r in rows if r["model"] and r["compiler"]["status"] != "unavailable"]
+    lg = [r for r in rows if r["model"] and r["compiler"]["status"] not in ("unavailable", "not built")]
     legal_dis = [r for r in lg if r["model"]["legal"] != (r["compiler"]["error_kind"] != "lowering")]
-    vmem_ratio = [
-        r["compiler"]["vmem_bytes"] / r["model"]["vmem_bytes"]
-        for r in rows
-        if r["model"] and r["compiler"]["vmem_bytes"] and r["model"]["vmem_bytes"]
-    ]
+    # VMEM bytes: only successful compiles (an OOM message gives the failing allocation, not always the total).
+    vmem_ratio = np.array(
+        [r["compiler"]["vmem_bytes"] / r["model"]["vmem_bytes"] for r in both if r["compiler"]["vmem_bytes"]]
+    )
     worst = sorted(both, key=lambda r: -abs(math.log(r["model"]["time_s"] / r["compiler"]["time_s"])))[:6]
     return {
         "n_configs": len(rows),
         "n_both_accept": len(both),
-        "spearman": spearman(m, c),
-        "spearman_static": spearman(m, s),
-        "spearman_within_kernel_mean": float(np.mean(within)) if within else math.nan,
-        "spearman_on_core": spearman(on_core, s),
-        "spearman_on_core_within_kernel_mean": float(np.mean(within_core)) if within_core else math.nan,
-        "median_ratio_on_core": float(np.median(ratio_core)) if len(ratio_core) else math.nan,
-        "iqr_ratio_on_core": [float(np.percentile(ratio_core, 25)), float(np.percentile(ratio_core, 75))]
-        if len(ratio_core)
-        else [],
+        "tier": _tier(both),
+        "tier_within_kernel_spearman": _mean([v["tier"]["spearman"] for v in per_kernel.values()]),
+        "on_core": _on_core(core),
+        "on_core_within_kernel_spearman": _mean([v["on_core"]["spearman"] for v in per_kernel.values()]),
         "bound_agree": bound_agree,
-        "median_ratio": float(np.median(ratio)) if len(ratio) else math.nan,
-        "iqr_ratio": [float(np.percentile(ratio, 25)), float(np.percentile(ratio, 75))] if len(ratio) else [],
-        "median_ratio_static": float(np.median(ratio_static)) if len(ratio_static) else math.nan,
-        "iqr_ratio_static": [float(np.percentile(ratio_static, 25)), float(np.percentile(ratio_static, 75))]
-        if len(ratio_static)
-        else [],
-        "hbm_floor_wins": sum(1 for r in both if (r["compiler"]["static_s"] or 0) < r["compiler"]["time_s"]),
+        "hbm_floor_wins": len(floor_wins),
         "vmem_agree": len(vm) - len(vmem_dis),
         "vmem_compared": len(vm),
         "vmem_disagreements": [_brief(r) for r in vmem_dis],
@@ -282,9 +272,11 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "legal_compared": len(lg),
         "legal_disagreements": [_brief(r) for r in legal_dis],
         "compiler_over_model_vmem": {
-            "median": float(np.median(vmem_ratio)) if vmem_ratio else math.nan,
-            "min": float(min(vmem_ratio)) if vmem_ratio else math.nan,
-            "max": float(max(vmem_ratio)) if vmem_ratio else math.nan,
+            "n": len(vmem_ratio),
+            "median": float(np.median(vmem_ratio)) if len(vmem_ratio) else math.nan,
+            "min": float(vmem_ratio.min()) if len(vmem_ratio) else math.nan,
+            "max": float(vmem_ratio.max()) if len(vmem_ratio) else math.nan,
+            "within_10pct": float(np.mean(np.abs(vmem_ratio - 1) <= 0.1)) if len(vmem_ratio) else math.nan,
         },
         "per_kernel": per_kernel,
         "worst": [_brief(r) for r in worst],
@@ -313,32 +305,43 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 
 
 def markdown(target: str, rows: list[dict[str, Any]], summ: dict[str, Any]) -> str:
-    n = summ["n_both_accept"]
+    n, t, oc, vr = summ["n_both_accept"], summ["tier"], summ["on_core"], summ["compiler_over_model_vmem"]
     lines = [
         f"### {target}: {summ['n_configs']} configurations, {n} accepted by both",
         "",
-        "| figure | model vs compiler tier (max(static, HBM floor)) | model on-core vs static schedule |",
+        f"| figure | model vs compiler tier, max(static, HBM floor) (n={t['n']}) "
+        f"| model on-core vs static schedule, configs not memory-bound (n={oc['n']}) |",
         "| --- | --- | --- |",
-        f"| Spearman, pooled | {_fmt(summ['spearman'])} | {_fmt(summ['spearman_on_core'])} |",
-        f"| Spearman, mean within kernel | {_fmt(summ['spearman_within_kernel_mean'])} "
-        f"| {_fmt(summ['spearman_on_core_within_kernel_mean'])} |",
-        f"| median ratio model/compiler | {_fmt(summ['median_ratio'], '.2f')} | {_fmt(summ['median_ratio_on_core'], '.2f')} |",
-        f"| IQR of the ratio | {_fmt_iqr(summ['iqr_ratio'])} | {_fmt_iqr(summ['iqr_ratio_on_core'])} |",
+        f"| Spearman, pooled | {_fmt(t['spearman'])} | {_fmt(oc['spearman'])} |",
+        f"| Spearman, mean within kernel | {_fmt(summ['tier_within_kernel_spearman'])} "
+        f"| {_fmt(summ['on_core_within_kernel_spearman'])} |",
+        f"| median ratio model/compiler | {_fmt(t['median_ratio'], '.2f')} | {_fmt(oc['median_ratio'], '.2f')} |",
+        f"| IQR of the ratio | {_fmt_iqr(t['iqr_ratio'])} | {_fmt_iqr(oc['iqr_ratio'])} |",
         "",
         f"VMEM verdicts agree {summ['vmem_agree']}/{summ['vmem_compared']}; legality verdicts agree "
         f"{summ['legal_agree']}/{summ['legal_compared']}; memory-bound verdicts agree {summ['bound_agree']}/{n} "
-        f"(the HBM floor set the compiler tier's time in {summ['hbm_floor_wins']}/{n}); compiler/model VMEM bytes "
-        f"median {_fmt(summ['compiler_over_model_vmem']['median'], '.2f')} "
-        f"(range {_fmt(summ['compiler_over_model_vmem']['min'], '.2f')}-"
-        f"{_fmt(summ['compiler_over_model_vmem']['max'], '.2f')}).",
+        f"(the HBM floor set the tier's time in {summ['hbm_floor_wins']}/{n}). Compiler/model VMEM bytes over "
+        f"{vr['n']} compiles: median {_fmt(vr['median'], '.2f')}, range {_fmt(vr['min'], '.2f')}-"
+        f"{_fmt(vr['max'], '.2f')}, within 10%: {_fmt(100 * vr['within_10pct'], '.0f')}%.",
+    ]
+    for key in ("vmem_disagreements", "legal_disagreements"):
+        for d in summ[key]:
+            lines.append(
+                f"- {key.split('_')[0]} disagreement: {d['config']}: model {d['model_vmem_mib']:.2f} MiB "
+                f"({'fits' if d['model_fits'] else 'does not fit'}), compiler {d['compiler']}"
+                + (f" ({d['compiler_vmem_mib']:.2f} MiB)" if d["compiler_vmem_mib"] else "")
+            )
+    lines += [
         "",
-        "| kernel | n | Spearman (tier) | Spearman (on-core vs static) | median ratio (tier) | median ratio (on-core) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| kernel | n | Spearman (tier) | median ratio (tier) | n not memory-bound | Spearman (on-core) "
+        "| median ratio (on-core) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for k, v in summ["per_kernel"].items():
+        a, b = v["tier"], v["on_core"]
         lines.append(
-            f"| {Path(k).stem} | {v['n']} | {_fmt(v['spearman'])} | {_fmt(v['spearman_on_core'])} "
-            f"| {_fmt(v['median_ratio'], '.2f')} | {_fmt(v['median_ratio_on_core'], '.2f')} |"
+            f"| {Path(k).stem} | {a['n']} | {_fmt(a['spearman'])} | {_fmt(a['median_ratio'], '.2f')} | {b['n']} "
+            f"| {_fmt(b['spearman'])} | {_fmt(b['median_ratio'], '.2f')} |"
         )
     lines += [
         "",
@@ -446,6 +449,30 @@ def run(targets: Sequence[str], quick: bool, out_dir: Path, workers: int = 2, ti
     return 0
 
 
+def rescore(paths: Sequence[Path]) -> int:
+    """Re-score stored results with the current model (no compiles): for checking a change to the model."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    variants = {cfg.label: ir for cfg, ir, _ in build_variants(SWEEP) if ir is not None}
+    from pallasopt.cost_model.hardware import get_chip
+
+    for doc in docs:
+        chip = get_chip(doc["target"])
+        rows = []
+        for r in doc["rows"]:
+            ir = variants.get(r["label"])
+            if ir is None or r["model"] is None:
+                rows.append(r)
+                continue
+            m = model_record(ir, chip)
+            c = dict(r["compiler"])
+            if c["status"] == "ok" and c.get("static_s") is not None:  # the tier's HBM floor follows the model
+                c["time_s"] = max(c["static_s"], m["dma_s"] + m["edge_s"])
+            rows.append({**r, "model": m, "compiler": c})
+        print(f"re-scored {doc['target']} results of {doc['date']} ({doc['command']}) with the current model\n")
+        print(markdown(doc["target"], rows, summarize(rows)) + "\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--targets", default="v5e,v6e", help="comma-separated TPU targets (default v5e,v6e)")
@@ -453,7 +480,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder for the JSON results")
     p.add_argument("--workers", type=int, default=2, help="compiles at once (default 2)")
     p.add_argument("--timeout", type=float, default=180, help="seconds per compile (default 180)")
+    p.add_argument("--rescore", nargs="+", metavar="JSON", help="re-score stored results with the current model")
     a = p.parse_args(argv)
+    if a.rescore:
+        return rescore([Path(x) for x in a.rescore])
     targets = [t.strip() for t in a.targets.split(",") if t.strip()]
     return run(targets, a.quick, Path(a.out), a.workers, a.timeout)
 

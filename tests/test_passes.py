@@ -184,7 +184,7 @@ def test_single_buffer(example_irs) -> None:
 
 def test_single_buffer_declines_shared_spec(example_irs) -> None:
     # elementwise uses one BlockSpec object for x, y and out: they all move, so nothing qualifies.
-    assert not [p for p in PASSES if p.name == "single-buffer"][0].choices(example_irs["elementwise"], V5E)
+    assert not next(p for p in PASSES if p.name == "single-buffer").choices(example_irs["elementwise"], V5E)
 
 
 @pytest.mark.slow

@@ -200,3 +200,37 @@ def test_real_run_on_softmax_without_compiler(tmp_path, capsys) -> None:
         assert key in out
     assert (tmp_path / "rep" / "report.md").exists() and (tmp_path / "rep" / "search_tree.graphml").exists()
     assert "ROWS_PER_BLOCK = " in (tmp_path / "softmax.opt.py").read_text()
+
+
+@pytest.mark.slow
+def test_llm_rewrite_joins_the_search_from_recorded_replies(tmp_path) -> None:
+    """`optimize(..., llm=True)` opens an LLM session: the recorded rewrite is validated, traced in a child,
+    checked, ranked with the rule-based candidates, and a repeated run makes no request."""
+    from pallasopt.llm.client import RecordedClient
+
+    kernel = tmp_path / "softmax.py"
+    kernel.write_text((ROOT / "examples" / "softmax.py").read_text())
+    fixtures = ROOT / "tests" / "fixtures" / "llm" / "softmax_good.json"
+    client = RecordedClient.from_file(fixtures)
+    r = optimize(
+        kernel, beam=2, depth=1, db_path=tmp_path / "k.db", use_compiler=False, passes=("llm-rewrite",),
+        llm=True, llm_client=client, jobs=1,
+    )
+    assert client.calls >= 1 and r.llm_usage and r.llm_usage["requests"] >= 1
+    assert r.correct
+    again = RecordedClient.from_file(fixtures)
+    optimize(
+        kernel, beam=2, depth=1, db_path=tmp_path / "k.db", use_compiler=False, passes=("llm-rewrite",),
+        llm=True, llm_client=again, jobs=1, fresh=True,
+    )
+    assert again.calls == 0  # every reply served from the kernel DB
+
+
+def test_llm_without_key_is_one_line(tmp_path, monkeypatch) -> None:
+    from pallasopt.errors import EnvironmentProblem
+
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    kernel = tmp_path / "softmax.py"
+    kernel.write_text((ROOT / "examples" / "softmax.py").read_text())
+    with pytest.raises(EnvironmentProblem, match="ANTHROPIC_API_KEY"):
+        optimize(kernel, llm=True, db_path=tmp_path / "k.db", evaluator=FakeTiers())

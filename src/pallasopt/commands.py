@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.syntax import Syntax
 from rich.table import Table
 
 from .errors import ExitCode, UsageError
@@ -28,6 +28,8 @@ def _add_apply(sub: Any) -> None:
     p.add_argument("--check", action="store_true", help="run the correctness oracle on the result")
     p.add_argument("-o", "--output", help="write the result here (never the input unless it is named)")
     p.add_argument("--force", action="store_true", help="overwrite OUTPUT if it exists")
+    p.add_argument("--llm", action="store_true", help="open an LLM session for llm-rewrite passes")
+    p.add_argument("--db", help="kernel database for the LLM reply cache (default beside the kernel)")
     p.set_defaults(handler=cmd_apply)
 
 
@@ -50,6 +52,8 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--no-compile", action="store_true", help="skip the deviceless TPU compiler tier")
     p.add_argument("--jobs", type=int, default=2, help="evaluations run in parallel (child processes)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--llm", action="store_true", help="add LLM rewrites (needs ANTHROPIC_API_KEY; cached in the DB)")
+    p.add_argument("--llm-max-requests", type=int, default=20, help="cap on LLM requests in this run")
     p.set_defaults(handler=cmd_run)
 
 
@@ -85,7 +89,7 @@ ADDERS: tuple[Callable[[Any], None], ...] = (_add_apply, _add_run, _add_replay, 
 
 def _print_source(console: Console, title: str, source: str) -> None:
     console.rule(title)
-    console.print(Syntax(source, "python", line_numbers=False, word_wrap=False))
+    console.out(source, highlight=False)
 
 
 def _write_new(path: Path, text: str, force: bool, inputs: tuple[Path, ...]) -> None:
@@ -113,11 +117,12 @@ def cmd_apply(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[bold cyan]{rec.spec}[/] {status}{timing}")
         name = rec.spec.split("{")[0]
         if rec.applied and args.diff:
-            console.print(Syntax(unified_diff(rec.before.source, rec.after.source, args.file), "diff"))
+            console.out(unified_diff(rec.before.source, rec.after.source, args.file), highlight=False)
         if args.print_after_all or name in after_names:
             _print_source(console, f"after {rec.spec}", rec.after.source)
 
-    final, records = apply_pipeline(ir, passes, callback)
+    with _maybe_llm(args) as _session:
+        final, records = apply_pipeline(ir, passes, callback)
     if args.time_passes:
         console.print(f"total {sum(r.seconds for r in records) * 1e3:.0f} ms")
     code = ExitCode.OK
@@ -137,6 +142,26 @@ def cmd_apply(args: argparse.Namespace, console: Console) -> int:
     return code
 
 
+@contextlib.contextmanager
+def _maybe_llm(args: argparse.Namespace) -> Iterator[Any]:
+    """An LLM session around `apply` when --llm is given (else nothing: llm-rewrite then declines in one line)."""
+    if not getattr(args, "llm", False):
+        yield None
+        return
+    from .config import read_env
+    from .db.store import KernelDB, default_path
+    from .errors import EnvironmentProblem
+    from .llm.client import AnthropicClient
+    from .llm.session import llm_session
+
+    env = read_env()
+    if not env.anthropic_api_key:
+        raise EnvironmentProblem("--llm needs ANTHROPIC_API_KEY", hint="export it, or drop --llm")
+    path = Path(args.db) if args.db else (env.db_path or default_path(Path(args.file)))
+    with KernelDB.open(path) as db, llm_session(AnthropicClient(env.anthropic_api_key), db, model=env.llm_model) as s:
+        yield s
+
+
 def cmd_apply_recipe(args: argparse.Namespace, console: Console) -> int:
     ns = argparse.Namespace(
         file=args.file,
@@ -148,6 +173,8 @@ def cmd_apply_recipe(args: argparse.Namespace, console: Console) -> int:
         check=args.check,
         output=args.output,
         force=args.force,
+        llm=False,
+        db=None,
     )
     return cmd_apply(ns, console)
 
@@ -183,6 +210,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             jobs=args.jobs,
             report_dir=args.report,
             progress=display.event,
+            llm=args.llm,
+            llm_max_requests=args.llm_max_requests,
         )
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
@@ -209,6 +238,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         console.print(f"wrote {result.output_path}")
     if result.report_path:
         console.print(f"report: {result.report_path}")
+    if result.llm_usage:
+        u = result.llm_usage
+        console.print(
+            f"LLM: {u.get('requests')} requests, {u.get('cache_hits')} cached, tokens in/out "
+            f"{u.get('input_tokens')}/{u.get('output_tokens')}, cost ${u.get('cost_usd')}"
+        )
     return ExitCode.OK if result.correct else ExitCode.CHECK_FAILED
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -17,7 +18,7 @@ from . import __version__
 from .config import SearchConfig, read_env
 from .cost_model.hardware import Chip, UnknownTarget, get_chip
 from .db.store import KernelDB, default_path
-from .errors import KernelError, UsageError
+from .errors import EnvironmentProblem, KernelError, UsageError
 from .ir.kernel_ir import KernelIR
 from .passes.base import Pass
 from .passes.registry import PASSES, by_name
@@ -62,6 +63,7 @@ class Result:
     model_baseline_s: float | None = None
     model_best_s: float | None = None
     report_path: str | None = None
+    llm_usage: Mapping[str, Any] | None = None
     nodes: tuple[Mapping[str, Any], ...] = field(default=(), repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,6 +84,7 @@ class Result:
             "model_baseline_s": self.model_baseline_s,
             "model_best_s": self.model_best_s,
             "report_path": self.report_path,
+            "llm_usage": dict(self.llm_usage) if self.llm_usage else None,
         }
 
 
@@ -177,6 +180,9 @@ def optimize(
     progress: Callable[[str, dict[str, Any]], None] | None = None,
     evaluator: Evaluator | None = None,
     write_output: bool = True,
+    llm: bool = False,
+    llm_max_requests: int = 20,
+    llm_client: Any = None,
 ) -> Result:
     """Optimize a kernel module (a file path, or source text with `path=` for messages) for `target`.
 
@@ -204,11 +210,14 @@ def optimize(
         seed=seed,
         compile=use_compiler,
         jobs=jobs,
+        llm=llm,
     )
     if beam < 1 or depth < 0:
         raise UsageError("--beam must be >= 1 and --depth >= 0")
     selected = select_passes(passes)
     env = read_env()
+    if llm and llm_client is None and not env.anthropic_api_key:
+        raise EnvironmentProblem("--llm needs ANTHROPIC_API_KEY", hint="export it, or drop --llm")
     db_file = Path(db_path) if db_path else (env.db_path or default_path(kernel_path))
     out_path = kernel_path if in_place else Path(output) if output else default_output(kernel_path)
     with KernelDB.open(db_file) as db:
@@ -231,7 +240,18 @@ def optimize(
         inner = evaluator or Tiers(chip, use_compiler=use_compiler)
         cached = CachedEvaluator(inner, db, wid, chip.name)
         try:
-            outcome = beam_search(base, selected, cached, chip, config, progress=progress)
+            with contextlib.ExitStack() as stack:
+                session = None
+                if llm:
+                    from .llm.client import AnthropicClient
+                    from .llm.session import llm_session
+
+                    client = llm_client or AnthropicClient(env.anthropic_api_key or "")
+                    session = stack.enter_context(
+                        llm_session(client, db, model=env.llm_model, chip=chip, max_requests=llm_max_requests)
+                    )
+                outcome = beam_search(base, selected, cached, chip, config, progress=progress)
+                usage = session.usage().to_dict() if session is not None else None
         except BaselineIncorrect as e:
             db.finish_run(run_id, {"error": e.message}, state="done")
             raise KernelError(
@@ -243,6 +263,7 @@ def optimize(
             db.finish_run(run_id, {}, state="interrupted")
             raise
         result = _finish(outcome, base, chip, cached, kernel_path, out_path, start)
+        result = dataclasses.replace(result, llm_usage=usage)
         if write_output and result.correct:
             _write_output(out_path, result.source, kernel_path, in_place)
         if report_dir is not None:

@@ -238,3 +238,39 @@ def spec_nodes(loc: Located, call: cst.Call) -> list[cst.BaseExpression | None]:
     from .knobs import _spec_list
 
     return _spec_list(loc, call, "in_specs") + _spec_list(loc, call, "out_specs")
+
+
+def replace_many(module: cst.Module, mapping: Mapping[cst.CSTNode, cst.CSTNode]) -> cst.Module:
+    """Replace several nodes (by identity, as found in `module`) in one traversal."""
+
+    class Replacer(cst.CSTTransformer):
+        def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:  # type: ignore[override]
+            return mapping.get(original, updated)
+
+    return module.visit(Replacer())
+
+
+def kernel_function(loc: Located, call: cst.Call) -> cst.FunctionDef | None:
+    """The module-level function a pallas_call runs as its kernel (directly or through functools.partial)."""
+    first = call.args[0].value if call.args and call.args[0].keyword is None else None
+    if first is None:
+        arg = keyword(call, "kernel")
+        first = arg.value if arg is not None else None
+    hops = 0
+    while first is not None and hops < 4:
+        if isinstance(first, cst.Call) and first.args:  # functools.partial(fn, ...)
+            first = first.args[0].value
+        elif isinstance(first, cst.Name):
+            name = first.value
+            defs = [
+                d
+                for d in m.findall(loc.wrapper.module, m.FunctionDef(name=m.Name(name)))
+                if isinstance(d, cst.FunctionDef)
+            ]
+            if len(defs) == 1:  # module level or a closure in the entry
+                return defs[0]
+            first = resolve_local(loc, call, name)
+        else:
+            return None
+        hops += 1
+    return None

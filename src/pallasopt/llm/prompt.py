@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..cost_model.hardware import Chip
 from ..cost_model.roofline import estimate_call, explain
@@ -117,7 +118,7 @@ def build_prompt(
         "## When it helps",
         strategy.when,
         "",
-        f"## The kernel module ({ir.path}, entry `{ir.entry}`, default dims {dict(ir.dims)})",
+        f"## The kernel module ({Path(ir.path).name}, entry `{ir.entry}`, default dims {dict(ir.dims)})",
         "```python",
         ir.source.rstrip("\n"),
         "```",

@@ -23,7 +23,7 @@ from ..cost_model.hardware import Chip, get_chip
 from ..db.store import KernelDB
 from ..harness.check import CheckResult, check
 from ..ir.kernel_ir import KernelIR
-from .client import LLMClient, LLMReply, cost_usd, request_key
+from .client import LLMClient, LLMError, LLMReply, cost_usd, request_key
 
 Checker = Callable[[str, str], CheckResult]  # (source, path) -> the oracle's verdict
 Notes = Callable[[KernelIR], str | None]  # extra analysis for the prompt (e.g. the compiler tier's verdict)
@@ -68,12 +68,13 @@ class LLMSession:
     temperature: float | None = None  # None: the model's default (recent models accept no other)
     max_tokens: int = 16_000
     max_attempts: int = 3
+    max_requests: int | None = None  # budget of real requests (cache hits are free); None: unlimited
     chip: Chip = field(default_factory=lambda: get_chip(DEFAULT_TARGET))
     checker: Checker = field(default=lambda source, path: check(source, path))
     notes: Notes | None = None
-    _usage: Usage = field(default_factory=Usage)
-    _tried: dict[str, list[str]] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _usage: Usage = field(default_factory=Usage, init=False)
+    _tried: dict[str, list[str]] = field(default_factory=dict, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def complete(self, system: str, prompt: str) -> LLMReply:
         """The reply to one request: from the database when cached, else from the client (then cached)."""
@@ -83,6 +84,10 @@ class LLMSession:
             with self._lock:
                 self._usage = _add(self._usage, cache_hits=1)
             return LLMReply(row.reply, row.input_tokens, row.output_tokens, row.model)
+        with self._lock:
+            spent = self.max_requests is not None and self._usage.requests >= self.max_requests
+        if spent:
+            raise LLMError(f"the session's budget of {self.max_requests} LLM requests is spent")
         reply = self.client.complete(
             system, prompt, model=self.model, temperature=self.temperature, max_tokens=self.max_tokens
         )
@@ -133,7 +138,8 @@ def current_session() -> LLMSession | None:
 def llm_session(client: LLMClient, db: KernelDB | None = None, **settings: Any) -> Iterator[LLMSession]:
     """Open an LLM session for the passes run inside the `with` block.
 
-    `settings` are `LLMSession` fields: model, temperature, max_tokens, max_attempts, chip, checker, notes.
+    `settings` are `LLMSession` fields: model, temperature, max_tokens, max_attempts, max_requests, chip, checker,
+    notes.
     Contextvars do not flow into `ThreadPoolExecutor` workers by themselves: run LLM passes in the thread that opened
     the session (or submit with `contextvars.copy_context().run`).
     """

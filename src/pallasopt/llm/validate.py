@@ -3,7 +3,8 @@
 A candidate is rejected (each rule gives one reason string) when it:
 - is not one full module in one ```python block, or does not parse;
 - changes `reference`, `make_inputs`, `hand_tuned`, `TOLERANCE`, `CHECK_DIMS` or `ENTRY` (compared as source text
-  via ast node positions; adding or removing one counts), or rebinds one of those names anywhere;
+  via ast node positions; adding or removing one counts), or rebinds one of those names anywhere, or changes a
+  module-level name the oracle or the inputs use (a shared `EPS`, a helper, an import);
 - renames the entry, or its entry no longer reaches a `pl.pallas_call` (`workload.inspect_source`);
 - lets the entry reach `reference`/`hand_tuned`, or imports the kernel's own module (the oracle) or anything outside
   a short allowlist (jax, numpy, math, functools, ...) that the original did not already import;
@@ -12,6 +13,7 @@ A candidate is rejected (each rule gives one reason string) when it:
 - caches results across calls: `global`, writes into or mutating calls on module-level names from a function body,
   `functools.cache`/`lru_cache`;
 - sets `interpret=` or uses an interpret-mode switch.
+The last three rules judge what the rewrite adds: a construct the original module already has is not held against it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..workload import inspect_source
 
 PROTECTED = ("reference", "make_inputs", "hand_tuned", "TOLERANCE", "CHECK_DIMS", "ENTRY")
 ORACLE_NAMES = frozenset({"reference", "hand_tuned"})
+ORACLE_INPUTS = ("reference", "make_inputs", "TOLERANCE", "CHECK_DIMS")  # what decides the verdict
 ALLOWED_IMPORT_ROOTS = frozenset(
     {"__future__", "jax", "numpy", "math", "functools", "itertools", "operator", "typing", "dataclasses", "collections"}
 )
@@ -85,13 +88,21 @@ def validate(original: str, candidate: str, path: str) -> tuple[str, ...]:
         return (f"syntax error at line {e.lineno}: {e.msg}",)
     old_tree = ast.parse(original, filename=path)
     reasons: list[str] = []
-    reasons += _protected_unchanged(original, old_tree, candidate, new_tree)
+    reasons += _protected_unchanged(original, old_tree, candidate, new_tree, inspect_source(original, path).entry)
     reasons += _entry_ok(original, candidate, path, new_tree)
     reasons += _imports_ok(old_tree, new_tree, path)
-    reasons += _no_escape(new_tree)
-    reasons += _no_caching(new_tree)
-    reasons += _no_interpret(new_tree)
+    # Code rules judge what the rewrite adds: a construct the user's own module already has is not held against it.
+    already = {_without_line(r) for r in _code_rules(old_tree)}
+    reasons += [r for r in _code_rules(new_tree) if _without_line(r) not in already]
     return tuple(dict.fromkeys(reasons))  # unique, in order
+
+
+def _code_rules(tree: ast.Module) -> list[str]:
+    return _no_escape(tree) + _no_caching(tree) + _no_interpret(tree)
+
+
+def _without_line(reason: str) -> str:
+    return re.sub(r"^line \d+: ", "", reason)
 
 
 # ------------------------------------------------------------------------------------------------------ pieces
@@ -114,7 +125,7 @@ def _bound_names(node: ast.stmt) -> set[str]:
         for a in node.names:
             out.add((a.asname or a.name).split(".")[0])
         return out
-    targets: list[ast.AST] = []
+    targets: list[ast.expr] = []
     if isinstance(node, ast.Assign):
         targets = list(node.targets)
     elif isinstance(node, ast.AnnAssign | ast.AugAssign | ast.For | ast.AsyncFor):
@@ -123,8 +134,7 @@ def _bound_names(node: ast.stmt) -> set[str]:
         targets = [i.optional_vars for i in node.items if i.optional_vars is not None]
     elif isinstance(node, ast.Delete):
         targets = list(node.targets)
-    for t in targets:
-        out |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+    out |= {t.id for t in _flat_targets(targets) if isinstance(t, ast.Name)}  # x[i] = .. binds nothing
     for sub in ast.walk(node):  # walrus anywhere in the statement's own expressions
         if isinstance(sub, ast.NamedExpr) and isinstance(sub.target, ast.Name):
             out.add(sub.target.id)
@@ -153,10 +163,57 @@ def _module_statements(tree: ast.Module) -> list[ast.stmt]:
 
 
 def _definitions(source: str, tree: ast.Module, name: str) -> list[str]:
-    return [_segment(source, n) for n in _module_statements(tree) if name in _bound_names(n)]
+    """How `name` is defined at module level: source text of each binding statement; for an import, what it binds
+    (so `import jax.experimental.pallas` added elsewhere does not count as a change of `jax`)."""
+    out = []
+    for n in _module_statements(tree):
+        if name not in _bound_names(n):
+            continue
+        if isinstance(n, ast.Import | ast.ImportFrom):
+            out += sorted({_import_target(n, a) for a in n.names if (a.asname or a.name).split(".")[0] == name})
+        else:
+            out.append(_segment(source, n))
+    return sorted(set(out)) if all(o.startswith("import ") for o in out) else out
 
 
-def _protected_unchanged(original: str, old: ast.Module, candidate: str, new: ast.Module) -> list[str]:
+def _import_target(node: ast.Import | ast.ImportFrom, alias: ast.alias) -> str:
+    if isinstance(node, ast.ImportFrom):
+        return f"import {'.' * node.level}{node.module or ''}:{alias.name}"
+    return f"import {alias.name if alias.asname else alias.name.split('.')[0]}"
+
+
+def _module_bindings(tree: ast.Module) -> dict[str, list[ast.stmt]]:
+    """Every module-level name and the statements that bind it."""
+    out: dict[str, list[ast.stmt]] = {}
+    for node in _module_statements(tree):
+        for name in _bound_names(node):
+            out.setdefault(name, []).append(node)
+    return out
+
+
+def _oracle_dependencies(tree: ast.Module, entry: str) -> dict[str, str]:
+    """Module-level names the oracle and the inputs use (constants, helpers, imports), each with one user.
+
+    They are protected like `reference` itself: changing a constant shared by the kernel and the reference (an `EPS`)
+    would change what the oracle checks. The entry is never followed (a `hand_tuned` may call it).
+    """
+    bindings = _module_bindings(tree)
+    out: dict[str, str] = {}
+    todo = [(n, n) for n in ORACLE_INPUTS if n in bindings]
+    seen: set[str] = set()
+    while todo:
+        name, user = todo.pop()
+        if name in seen or name == entry or name not in bindings:
+            continue
+        seen.add(name)
+        if name not in PROTECTED:
+            out[name] = user
+        for node in bindings[name]:
+            todo.extend((n.id, user) for n in ast.walk(node) if isinstance(n, ast.Name))
+    return out
+
+
+def _protected_unchanged(original: str, old: ast.Module, candidate: str, new: ast.Module, entry: str) -> list[str]:
     reasons = []
     for name in PROTECTED:
         before = _definitions(original, old, name)
@@ -169,6 +226,9 @@ def _protected_unchanged(original: str, old: ast.Module, candidate: str, new: as
             reasons.append(f"`{name}` was removed: it must stay byte-identical to the original")
         else:
             reasons.append(f"`{name}` was changed: it must stay byte-identical to the original")
+    for dep, user in sorted(_oracle_dependencies(old, entry).items()):
+        if _definitions(original, old, dep) != _definitions(candidate, new, dep):
+            reasons.append(f"`{dep}` (used by `{user}`) was changed: it must stay byte-identical to the original")
     for fn in ast.walk(new):
         if isinstance(fn, ast.Global | ast.Nonlocal):
             hit = sorted(set(fn.names) & set(PROTECTED))
@@ -185,10 +245,7 @@ def _entry_ok(original: str, candidate: str, path: str, tree: ast.Module) -> lis
         return [f"not a valid kernel module: {e.message}" + (f" ({e.hint})" if e.hint else "")]
     if spec.entry != old_entry:
         return [f"the entry is now {spec.entry!r}; it must stay {old_entry!r} with the same arguments"]
-    funcs: dict[str, list[ast.stmt]] = {}
-    for node in _module_statements(tree):
-        for name in _bound_names(node):
-            funcs.setdefault(name, []).append(node)
+    funcs = _module_bindings(tree)
     seen: set[str] = set()
     todo = [old_entry]
     while todo:

@@ -7,12 +7,23 @@ from typing import Any
 
 from ..errors import UsageError
 from .base import Pass
+from .cost_estimate import CostEstimatePass
 from .dimension_semantics import DimensionSemanticsPass
+from .grid_order import GridOrderPass
+from .llm_rewrite import LLMRewritePass
 from .single_buffer import SingleBufferPass
 from .tile import TilePass
 from .vmem_limit import VmemLimitPass
 
-PASSES: tuple[type[Pass], ...] = (TilePass, DimensionSemanticsPass, VmemLimitPass, SingleBufferPass)
+PASSES: tuple[type[Pass], ...] = (
+    TilePass,
+    DimensionSemanticsPass,
+    VmemLimitPass,
+    SingleBufferPass,
+    GridOrderPass,
+    CostEstimatePass,
+    LLMRewritePass,
+)
 
 
 def by_name() -> dict[str, type[Pass]]:

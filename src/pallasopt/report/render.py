@@ -79,16 +79,15 @@ def _tree(path_png: Path, path_graphml: Path, nodes: list[dict[str, Any]], best:
 
 def write_report(folder: Path, base: KernelIR, outcome: Any, result: Any, chip: Chip) -> Path:
     """Write report.md, report.html, roofline.png, search_tree.png/.graphml and candidates.json into `folder`."""
-    from ..passes.registry import parse_pipeline
-
     folder.mkdir(parents=True, exist_ok=True)
-    best_ir = base
+    chain = _chain(outcome, result.recipe)
     diffs: list[tuple[str, str]] = []
-    for spec in result.recipe:
-        (p,) = parse_pipeline(spec)
-        nxt = p.apply(best_ir)
-        diffs.append((spec, unified_diff(best_ir.source, nxt.source, Path(base.path).name)))
-        best_ir = nxt
+    best_ir = base
+    for node in chain:
+        if node.ir is None:
+            continue
+        diffs.append((node.recipe[-1], unified_diff(best_ir.source, node.ir.source, Path(base.path).name)))
+        best_ir = node.ir
     _roofline_plot(folder / "roofline.png", base, best_ir, chip)
     nodes = list(result.nodes)
     best_digest = best_ir.digest
@@ -138,6 +137,12 @@ def write_report(folder: Path, base: KernelIR, outcome: Any, result: Any, chip: 
     (folder / "report.md").write_text(md)
     (folder / "report.html").write_text(_html(md))
     return folder / "report.md"
+
+
+def _chain(outcome: Any, recipe: tuple[str, ...]) -> list[Any]:
+    """The search nodes from the baseline's first child to the node with `recipe` (no pass is re-applied)."""
+    by_recipe = {n.recipe: n for n in outcome.nodes.values()}
+    return [by_recipe[recipe[: i + 1]] for i in range(len(recipe)) if recipe[: i + 1] in by_recipe]
 
 
 def _ms(t: Any) -> str:

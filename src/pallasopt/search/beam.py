@@ -145,6 +145,8 @@ def beam_search(
         children: list[Node] = []
         for state in beam:
             assert state.ir is not None
+            if state.ir.workload is None:
+                continue  # LLM-written code is only ever run in child processes: it is a leaf of the search
             for p in passes:
                 try:
                     options = p.choices(state.ir, chip)

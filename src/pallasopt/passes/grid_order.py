@@ -1,0 +1,187 @@
+"""grid-order: permute the grid axes of a pallas_call (grid, index maps, program_id uses and semantics together)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import ClassVar
+
+import libcst as cst
+import libcst.matchers as m
+
+from ..cost_model.hardware import Chip
+from ..cost_model.roofline import estimate_call
+from ..errors import check
+from ..ir.cst_edit import Located, find_call_node, kernel_function, keyword, replace_many, resolve_local, spec_nodes
+from ..ir.facts import CallFacts
+from ..ir.kernel_ir import KernelIR
+from .base import Pass
+
+MAX_CHOICES = 3
+
+
+def valid(call: CallFacts, order: tuple[int, ...]) -> bool:
+    """Every output block's visits stay consecutive: axes an output does not follow come after those it does.
+
+    (Pallas writes an output block back when its index changes and never re-reads it, and accumulators in scratch
+    are reset on the first step of their axis: both need the reduction axes innermost.)"""
+    pos = {a: i for i, a in enumerate(order)}
+    moving = [a for a in range(len(call.grid)) if call.grid[a] > 1]
+    for o in call.outputs:
+        follows = [a for a in moving if a in o.index_map.axes]
+        revisits = [a for a in moving if a not in o.index_map.axes]
+        if follows and revisits and max(pos[a] for a in follows) > min(pos[a] for a in revisits):
+            return False
+    carried = set(call.body.conditional_axes)
+    return not (carried and any(pos[a] < pos[b] for a in carried for b in moving if b not in carried))
+
+
+@dataclass(frozen=True)
+class GridOrderPass(Pass):
+    """Reorder the grid axes of one pallas_call; `order` lists the old axes from outermost to innermost.
+
+    The pipeline re-fetches a block only when its index changes between consecutive steps, so the axis order decides
+    how often each operand is read from HBM (e.g. keep a large operand's block fixed across the inner axis).
+    Rewrites the grid, every index map (lambda parameters reordered, or wrapped), `pl.program_id`/`pl.num_programs`
+    in the kernel and the dimension semantics. Only orders that keep reduction axes innermost are valid.
+    """
+
+    name: ClassVar[str] = "grid-order"
+    call: int = 0
+    order: tuple[int, ...] = ()
+
+    @classmethod
+    def choices(cls, ir: KernelIR, chip: Chip) -> tuple[Pass, ...]:
+        out: list[Pass] = []
+        for c in ir.calls:
+            n = len(c.grid)
+            if n < 2 or n > 5 or c.body.has_dma or c.num_scalar_prefetch:
+                continue
+            base = estimate_call(c, chip).bytes
+            scored = []
+            for perm in itertools.permutations(range(n)):
+                if perm == tuple(range(n)) or not valid(c, perm):
+                    continue
+                traffic = estimate_call(c, chip, order=perm).bytes
+                if traffic < base:
+                    scored.append((traffic, perm))
+            scored.sort()
+            out.extend(cls(call=c.index, order=perm) for _, perm in scored[:MAX_CHOICES])
+        return tuple(out)
+
+    def apply(self, ir: KernelIR) -> KernelIR:
+        check(0 <= self.call < len(ir.calls), f"no pallas_call #{self.call}")
+        facts = ir.calls[self.call]
+        n = len(facts.grid)
+        perm = self.order
+        check(sorted(perm) == list(range(n)), f"order must be a permutation of 0..{n - 1}")
+        check(perm != tuple(range(n)), "the order is already this")
+        check(valid(facts, perm), "this order would revisit output blocks non-consecutively (reductions go innermost)")
+        check(not facts.body.has_dma, "kernels with manual DMA chains are not reordered")
+        inv = {old: new for new, old in enumerate(perm)}
+        loc = Located.of(ir.module)
+        node = find_call_node(loc, facts)
+        edits: dict[cst.CSTNode, cst.CSTNode] = {}
+        _permute_grid(loc, node, perm, edits)
+        for spec in {id(s): s for s in spec_nodes(loc, node) if isinstance(s, cst.Call)}.values():
+            _permute_index_map(spec, perm, inv, n, edits)
+        _renumber_program_ids(loc, node, inv, edits)
+        _permute_semantics(loc, node, perm, edits)
+        new = ir.with_module(replace_many(loc.wrapper.module, edits), self.spec())
+        got = new.calls[self.call]
+        check(got.grid == tuple(facts.grid[a] for a in perm), f"the rewrite traced to grid {got.grid}")
+        for o_old, o_new in zip(facts.operands, got.operands, strict=True):
+            want = tuple(tuple(sorted(inv[a] for a in d)) for d in o_old.index_map.depends_on)
+            check(o_new.index_map.depends_on == want, f"{o_old.name}'s index map did not follow the new order")
+        return new
+
+
+def _holder(loc: Located, call: cst.Call, key: str) -> tuple[cst.Call, cst.Arg | None]:
+    arg = keyword(call, key)
+    if arg is None:
+        gs = keyword(call, "grid_spec")
+        val = gs.value if gs is not None else None
+        while isinstance(val, cst.Name):
+            val = resolve_local(loc, call, val.value)
+        if isinstance(val, cst.Call):
+            return val, keyword(val, key)
+    return call, arg
+
+
+def _permute_grid(loc: Located, call: cst.Call, perm: tuple[int, ...], edits: dict[cst.CSTNode, cst.CSTNode]) -> None:
+    holder, arg = _holder(loc, call, "grid")
+    check(arg is not None, "the pallas_call has no grid= pallasopt can find")
+    assert arg is not None
+    grid = arg.value
+    while isinstance(grid, cst.Name):
+        grid = resolve_local(loc, holder, grid.value)  # type: ignore[assignment]
+    check(isinstance(grid, cst.Tuple), "the grid is not written as a tuple")
+    assert isinstance(grid, cst.Tuple)
+    elems = list(grid.elements)
+    check(len(elems) == len(perm), "the grid tuple's length does not match the traced grid")
+    new_elems = [elems[old].with_changes(comma=elems[new].comma) for new, old in enumerate(perm)]
+    edits[grid] = grid.with_changes(elements=new_elems)
+
+
+def _permute_index_map(
+    spec: cst.Call, perm: tuple[int, ...], inv: dict[int, int], n: int, edits: dict[cst.CSTNode, cst.CSTNode]
+) -> None:
+    positional = [a for a in spec.args if a.keyword is None]
+    im = keyword(spec, "index_map") or (positional[1] if len(positional) >= 2 else None)
+    if im is None:
+        return  # memory_space-only specs have no index map
+    fn = im.value
+    if isinstance(fn, cst.Lambda) and len(fn.params.params) >= n and fn.params.star_arg is cst.MaybeSentinel.DEFAULT:
+        params = list(fn.params.params)
+        grid_params = [params[old].with_changes(comma=params[new].comma) for new, old in enumerate(perm)]
+        edits[fn] = fn.with_changes(params=fn.params.with_changes(params=grid_params + params[n:]))
+        return
+    names = ", ".join(f"_g{i}" for i in range(n))
+    call_args = ", ".join(f"_g{inv[a]}" for a in range(n))
+    wrapper = cst.parse_expression(f"lambda {names}, *_rest: ({cst.Module([]).code_for_node(fn)})({call_args}, *_rest)")
+    edits[fn] = wrapper
+
+
+def _renumber_program_ids(
+    loc: Located, call: cst.Call, inv: dict[int, int], edits: dict[cst.CSTNode, cst.CSTNode]
+) -> None:
+    kernel = kernel_function(loc, call)
+    check(kernel is not None, "cannot find the kernel function to renumber its program_id uses")
+    assert kernel is not None
+    pid = m.Call(
+        func=m.Attribute(attr=m.Name("program_id") | m.Name("num_programs"))
+        | m.Name("program_id")
+        | m.Name("num_programs")
+    )
+    called = {n.value for n in m.findall(kernel, m.Name()) if isinstance(n, cst.Name)}
+    for fn in m.findall(loc.wrapper.module, m.FunctionDef()):
+        assert isinstance(fn, cst.FunctionDef)
+        if fn is not kernel and fn.name.value in called and m.findall(fn, pid):
+            check(False, f"the kernel's helper {fn.name.value} uses program_id; not reordered")
+    for use in m.findall(kernel, pid):
+        assert isinstance(use, cst.Call)
+        arg = use.args[0].value if use.args else None
+        check(isinstance(arg, cst.Integer), "a program_id/num_programs axis is not a literal")
+        assert isinstance(arg, cst.Integer)
+        edits[arg] = arg.with_changes(value=str(inv[int(arg.evaluated_value)]))
+
+
+def _permute_semantics(
+    loc: Located, call: cst.Call, perm: tuple[int, ...], edits: dict[cst.CSTNode, cst.CSTNode]
+) -> None:
+    from ..ir.cst_edit import _compiler_params_call
+
+    params, _present = _compiler_params_call(loc, call)
+    if params is None:
+        return
+    arg = keyword(params, "dimension_semantics")
+    if arg is None:
+        return
+    val = arg.value
+    check(isinstance(val, cst.Tuple | cst.List), "dimension_semantics is not a literal tuple")
+    assert isinstance(val, cst.Tuple | cst.List)
+    elems = list(val.elements)
+    check(len(elems) == len(perm), "dimension_semantics length differs from the grid")
+    edits[val] = val.with_changes(
+        elements=[elems[old].with_changes(comma=elems[new].comma) for new, old in enumerate(perm)]
+    )

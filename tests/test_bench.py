@@ -1,0 +1,235 @@
+"""The bench runner: summary math on fixed rows, and the runner on tiny kernels with a fake evaluator and a fake
+estimator (no compile, no interpret-mode check: milliseconds per kernel)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+from conftest import ROOT
+from rich.console import Console
+
+from pallasopt.bench import (
+    ADD_BENCH,
+    QUICK_KERNELS,
+    Estimate,
+    Row,
+    bench_kernel,
+    fast_p,
+    find_kernels,
+    geomean,
+    loop_trips,
+    render_markdown,
+    run_suite,
+    summarize,
+)
+from pallasopt.cost_model.hardware import get_chip
+from pallasopt.ir.kernel_ir import KernelIR
+from pallasopt.search.tiers import TierResult, model_tier
+
+V5E = get_chip("v5e")
+MATMUL = ROOT / "examples" / "matmul.py"
+
+
+def row(
+    name: str,
+    speedup: float,
+    *,
+    correct: bool = True,
+    xla: float | None = None,
+    ht: float | None = None,
+    error: str | None = None,
+) -> Row:
+    """A row whose best time is 1 ms (compiler tier) and baseline `speedup` ms."""
+    est = lambda fn, t: Estimate(fn, t) if t is not None else None
+    return Row(
+        kernel=name,
+        path=f"{name}.py",
+        correct=correct,
+        tier="compiler",
+        baseline_s=speedup * 1e-3,
+        best_s=1e-3,
+        speedup=speedup,
+        xla=est("reference", xla),
+        hand_tuned=est("hand_tuned", ht),
+        error=error,
+    )
+
+
+ROWS = [
+    row("a", 4.0, xla=2e-3, ht=0.5e-3),  # 2x faster than XLA, at half the hand-tuned speed
+    row("b", 1.0, xla=0.5e-3),  # no gain, slower than XLA
+    row("c", 1.6, correct=False, xla=1e-3),  # not verified: counts as 1x
+    row("d", 2.5),
+    Row(kernel="e", path="e.py", error="KernelError: boom"),  # crashed search
+]
+
+
+def test_geomean() -> None:
+    assert geomean([]) is None
+    assert geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geomean([0.5, 2.0]) == pytest.approx(1.0)
+
+
+def test_summary_math_on_fixed_rows() -> None:
+    s = summarize(ROWS)
+    assert (s["kernels"], s["correct"], s["errors"]) == (5, 3, 1)
+    # effective speedups: 4, 1, 1 (unverified), 2.5, 1 (crashed)
+    assert s["geomean_speedup"] == pytest.approx((4 * 2.5) ** (1 / 5))
+    assert s["geomean_speedup_clipped"] == pytest.approx(s["geomean_speedup"])
+    assert s["fast_p"] == {"1": pytest.approx(2 / 5), "1.5": pytest.approx(2 / 5), "2": pytest.approx(2 / 5)}
+    # vs XLA over every finished row with an estimate (c kept its baseline, which is its best time): 2, 0.5, 1
+    assert s["vs_xla_kernels"] == 3 and s["vs_xla_geomean"] == pytest.approx(1.0) and s["beats_xla"] == 1
+    assert s["hand_tuned_kernels"] == 1 and s["frac_hand_tuned_geomean"] == pytest.approx(0.5)
+    assert s["tiers"] == {"compiler": 4}
+
+
+def test_clipping_and_fast_p_thresholds() -> None:
+    rows = [row("slow", 0.5), row("x", 1.5), row("y", 2.0), row("z", 3.0)]
+    s = summarize(rows)
+    assert s["geomean_speedup"] == pytest.approx((0.5 * 1.5 * 2 * 3) ** 0.25)
+    assert s["geomean_speedup_clipped"] == pytest.approx((1.0 * 1.5 * 2 * 3) ** 0.25)
+    assert fast_p(rows, 1.0) == 0.75 and fast_p(rows, 1.5) == 0.5 and fast_p(rows, 2.0) == 0.25  # strictly faster
+    assert fast_p([], 1.0) == 0.0
+
+
+def test_ratios_need_the_same_tier() -> None:
+    r = row("m", 2.0, xla=2e-3)
+    assert r.vs_xla == pytest.approx(2.0)
+    model_row = Row(kernel="m", path="m.py", correct=True, tier="model", best_s=1e-3, xla=Estimate("reference", 2e-3))
+    assert model_row.vs_xla is None
+
+
+def test_loop_trips_counts_nested_scans() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    def f(x):
+        def outer(c, _):
+            inner = jax.lax.scan(lambda c2, _: (c2 * 2, None), c, None, length=3)[0]
+            return inner, None
+
+        return jax.lax.scan(outer, x, None, length=4)[0] + jax.lax.map(jnp.sin, x).sum()
+
+    assert loop_trips(jax.make_jaxpr(f)(jnp.ones((5,))).jaxpr) == (12, False)
+    g = lambda x: jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1]), (0, x))[1]
+    assert loop_trips(jax.make_jaxpr(g)(jnp.ones(2)).jaxpr) == (1, True)
+
+
+class FakeTiers:
+    """Compiler time = model time x 1.25; every check passes; no accelerator."""
+
+    def model(self, ir: KernelIR) -> TierResult:
+        return model_tier(ir, V5E)
+
+    def compiler(self, ir: KernelIR) -> TierResult | None:
+        t = model_tier(ir, V5E).time_s
+        assert t is not None
+        return TierResult("compiler", True, t * 1.25, "fake")
+
+    def check(self, ir: KernelIR, seeds: tuple[int, ...]) -> TierResult:
+        return TierResult("check", True, None, "fake check")
+
+    def hardware(self, ir: KernelIR) -> TierResult | None:
+        return None
+
+
+def fake_estimator(ir: KernelIR, fn: str) -> Estimate:
+    return Estimate(fn, 0.01, method="fake")
+
+
+@pytest.fixture
+def suite(tmp_path):
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "matmul.py").write_text(MATMUL.read_text())
+    (kernels / "broken.py").write_text("import jax\n\ndef make_inputs(key, M=8):\n    return ()\n")  # no entry
+    return kernels
+
+
+def test_bench_kernel_records_result_and_estimates(suite, tmp_path) -> None:
+    r = bench_kernel(
+        suite / "matmul.py",
+        estimator=fake_estimator,
+        evaluator=FakeTiers(),
+        beam=2,
+        depth=1,
+        db_path=tmp_path / "b.db",
+        jobs=1,
+    )
+    assert r.error is None and r.correct and r.tier == "compiler" and r.speedup > 1 and r.recipe
+    assert r.xla is not None and r.xla.time_s == 0.01 and r.hand_tuned is None  # matmul.py has no hand_tuned
+    assert r.vs_xla == pytest.approx(0.01 / r.best_s)
+    again = bench_kernel(suite / "matmul.py", evaluator=FakeTiers(), beam=2, depth=1, db_path=tmp_path / "b.db")
+    assert again.from_cache and again.recipe == r.recipe  # the suite DB makes a rerun resume
+
+
+def test_run_suite_goes_on_after_a_crash_and_writes_results(suite, tmp_path) -> None:
+    out = tmp_path / "results"
+    meta = {
+        "command": "pallasopt bench (test)",
+        "target": "v5e",
+        "date": "2000-01-01",
+        "beam": 2,
+        "depth": 1,
+        "jobs": 1,
+        "budget_seconds": None,
+        "machine": "test",
+        "versions": {},
+        "wall_s": 0.0,
+    }
+    console = Console(file=open(tmp_path / "log.txt", "w"), width=200)  # noqa: SIM115
+    kernels = find_kernels(suite)
+    assert [k.stem for k in kernels] == ["broken", "matmul"]
+    rows, paths = run_suite(
+        kernels,
+        out,
+        "v5e-test",
+        meta,
+        console=console,
+        estimator=fake_estimator,
+        evaluator=FakeTiers(),
+        beam=2,
+        depth=1,
+        db_path=out / "bench.db",
+        jobs=1,
+    )
+    console.file.close()
+    assert rows[0].error and "broken.py" in rows[0].error and rows[1].correct
+    doc = json.loads(paths["json"].read_text())
+    assert doc["summary"]["correct"] == 1 and doc["summary"]["errors"] == 1 and len(doc["rows"]) == 2
+    assert math.isclose(doc["rows"][1]["speedup"], rows[1].speedup)
+    md = paths["md"].read_text()
+    assert "| `broken` | ERROR |" in md and "[C]" in md and "fast_p" in md
+    assert paths["png"].stat().st_size > 1000
+    log = (tmp_path / "log.txt").read_text()
+    assert "[1/2] broken" in log and "[2/2] matmul" in log
+
+
+def test_markdown_labels_tiers() -> None:
+    meta = {
+        "command": "c",
+        "target": "v5e",
+        "date": "d",
+        "beam": 1,
+        "depth": 1,
+        "jobs": 1,
+        "budget_seconds": None,
+        "machine": "m",
+        "versions": {"jax": "0.10.2"},
+        "wall_s": 1.0,
+    }
+    md = render_markdown(ROWS, summarize(ROWS), meta)
+    assert "4.000 ms [C]" in md and "compiler estimate" in md and "| 3/5 |" in md
+
+
+def test_cli_registration_and_quick_selection() -> None:
+    parser = argparse.ArgumentParser()
+    ADD_BENCH(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--quick", "--kernels", "llm_*", "--budget-seconds", "60"])
+    assert args.quick and args.kernels == "llm_*" and args.budget_seconds == 60 and callable(args.handler)
+    quick = find_kernels(ROOT / "bench" / "kernels", quick=True)
+    assert sorted(k.stem for k in quick) == sorted(QUICK_KERNELS)
+    assert all(k.name.startswith("llm_") for k in find_kernels(ROOT / "bench" / "kernels", ("llm_*",)))
