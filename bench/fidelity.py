@@ -80,6 +80,8 @@ SWEEP: dict[str, list[dict[str, int]]] = {
     ],
 }
 
+SLOW_FIRST = ("bench/kernels/llm_flash_attention.py", "bench/kernels/fused_23_softmax_vocab.py")
+
 # --quick: a few configurations per example kernel (about a minute per target).
 QUICK: dict[str, list[dict[str, int]]] = {
     "examples/matmul.py": [
@@ -135,6 +137,7 @@ def model_record(ir: Any, chip: Any) -> dict[str, Any]:
     est = estimate_calls(ir.calls, chip)
     c = est.calls[0]  # every swept kernel has one pallas_call
     return {
+        "chip": chip.name,
         "time_s": est.time_s,
         "ok": est.ok,
         "legal": c.legal,
@@ -385,7 +388,7 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def run(targets: Sequence[str], quick: bool, out_dir: Path, workers: int = 2, timeout_s: float = 180) -> int:
+def run(targets: Sequence[str], quick: bool, out_dir: Path, workers: int = 2, timeout_s: float = 120) -> int:
     from pallasopt.cost_model.compiler import libtpu_available
     from pallasopt.cost_model.hardware import get_chip
 
@@ -399,28 +402,31 @@ def run(targets: Sequence[str], quick: bool, out_dir: Path, workers: int = 2, ti
     t_built = time.perf_counter()
     chips = [get_chip(t) for t in targets]
     rows: dict[str, list[dict[str, Any]]] = {ch.name: [] for ch in chips}
-    jobs = []
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for ch in chips:
-            for cfg, ir, err in variants:
-                row: dict[str, Any] = {
-                    "kernel": cfg.kernel,
-                    "label": cfg.label,
-                    "sizes": dict(cfg.sizes),
-                    "error": err,
-                    "model": None,
-                    "compiler": {"status": "not built", "error_kind": None},
-                }
-                rows[ch.name].append(row)
-                if ir is None:
-                    continue
+    pending: list[tuple[dict[str, Any], Any, Any]] = []
+    for ch in chips:
+        for cfg, ir, err in variants:
+            row: dict[str, Any] = {
+                "kernel": cfg.kernel,
+                "label": cfg.label,
+                "sizes": dict(cfg.sizes),
+                "error": err,
+                "model": None,
+                "compiler": {"status": "not built", "error_kind": None},
+            }
+            rows[ch.name].append(row)
+            if ir is not None:
                 row["model"] = model_record(ir, ch)
-                jobs.append((row, pool.submit(compiler_record, ir, ch, timeout_s)))
+                pending.append((row, ir, ch))
+    # Slow compiles (big attention bodies) first, so the two workers finish together.
+    pending.sort(key=lambda job: job[0]["kernel"] not in SLOW_FIRST)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        jobs = [(row, pool.submit(compiler_record, ir, ch, timeout_s)) for row, ir, ch in pending]
         for i, (row, fut) in enumerate(jobs, 1):
             row["compiler"] = fut.result()
             print(
-                f"[{i}/{len(jobs)}] {row['label']}: model {row['model']['time_s'] * 1e3:.4f} ms, "
-                f"compiler {row['compiler']['status']} ({row['compiler']['wall_s']:.1f} s)",
+                f"[{i}/{len(jobs)}] {row['model']['chip']} {row['label']}: "
+                f"model {row['model']['time_s'] * 1e3:.4f} ms, compiler {row['compiler']['status']} "
+                f"({row['compiler']['wall_s']:.1f} s)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -479,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a few configurations per example kernel")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder for the JSON results")
     p.add_argument("--workers", type=int, default=2, help="compiles at once (default 2)")
-    p.add_argument("--timeout", type=float, default=180, help="seconds per compile (default 180)")
+    p.add_argument("--timeout", type=float, default=120, help="seconds per compile (default 120)")
     p.add_argument("--rescore", nargs="+", metavar="JSON", help="re-score stored results with the current model")
     a = p.parse_args(argv)
     if a.rescore:

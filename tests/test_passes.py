@@ -207,3 +207,66 @@ def test_every_choice_on_every_example(path, example_irs) -> None:
     results = check_many(sources, str(path))
     bad = [(s, r.status, r.message) for s, r in zip(specs, results, strict=True) if not r.ok]
     assert not bad, bad
+
+
+def test_grid_order_rewrites_grid_index_maps_and_program_ids(example_irs) -> None:
+    ir = example_irs["matmul"]
+    new = apply(ir, "grid-order{call=0,order=1:0:2}")
+    got = changed_lines(ir.source, new.source)
+    assert ("+", "grid=(n // bn, m // bm, k // bk),") in got
+    assert ("+", "pl.BlockSpec((bm, bk), lambda j, i, kk: (i, kk)),") in got
+    assert new.calls[0].grid == (16, 16, 16)
+    assert new.calls[0].operands[0].index_map.depends_on == ((1,), (2,))
+    assert "pl.program_id(2) == 0" in new.source  # the reduction axis stays innermost: its id is unchanged
+
+
+def test_grid_order_renumbers_program_id_and_semantics() -> None:
+    src = textwrap.dedent(
+        """
+        import jax
+        import jax.numpy as jnp
+        from jax.experimental import pallas as pl
+        from jax.experimental.pallas import tpu as pltpu
+
+        def k(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + pl.program_id(0).astype(jnp.float32) * 1000 + pl.program_id(1)
+
+        def f(x):
+            return pl.pallas_call(k, grid=(x.shape[0] // 8, x.shape[1] // 128), in_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, j))],
+                                  out_specs=pl.BlockSpec((8, 128), lambda i, j: (i, j)),
+                                  out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                  compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")))(x)
+
+        def reference(x):
+            i = jnp.arange(x.shape[0])[:, None] // 8
+            j = jnp.arange(x.shape[1])[None, :] // 128
+            return x + i * 1000.0 + j
+
+        def make_inputs(key, M=32, N=256):
+            return (jax.random.normal(key, (M, N)),)
+        """
+    )
+    ir = KernelIR.from_source(src, "k.py")
+    new = apply(ir, "grid-order{call=0,order=1:0}")
+    assert "pl.program_id(1).astype(jnp.float32) * 1000 + pl.program_id(0)" in new.source
+    assert new.calls[0].dimension_semantics == ("arbitrary", "parallel")
+    from pallasopt.harness.check import check
+
+    assert check(new.source, "k.py").ok
+
+
+def test_grid_order_refuses_moving_a_reduction_outward(example_irs) -> None:
+    with pytest.raises(PassNotApplicable, match="innermost"):
+        apply(example_irs["matmul"], "grid-order{call=0,order=2:0:1}")
+    with pytest.raises(PassNotApplicable, match="permutation"):
+        apply(example_irs["matmul"], "grid-order{call=0,order=0:0:1}")
+
+
+def test_cost_estimate(example_irs) -> None:
+    ir = example_irs["matmul"]
+    new = apply(ir, "cost-estimate{call=0}")
+    assert new.calls[0].has_cost_estimate
+    line = next(l for l in new.source.splitlines() if "cost_estimate=" in l)
+    assert "flops=" in line and "bytes_accessed=" in line
+    with pytest.raises(PassNotApplicable):
+        apply(new, "cost-estimate{call=0}")

@@ -34,10 +34,10 @@ class UserError(PallasoptError):
     def __init__(
         self, message: str, *, path: str | None = None, line: int | None = None, hint: str | None = None
     ) -> None:
-        self.message = message
+        self.message = one_line(message)
         self.path = path
         self.line = line
-        self.hint = hint
+        self.hint = one_line(hint) if hint else hint
         super().__init__(str(self))
 
     def __str__(self) -> str:
@@ -46,6 +46,11 @@ class UserError(PallasoptError):
             where = f"{self.path}:{self.line}: " if self.line else f"{self.path}: "
         tail = f" ({self.hint})" if self.hint else ""
         return f"{where}{self.message}{tail}"
+
+
+def one_line(text: str) -> str:
+    """`text` with every run of whitespace (newlines too) made one space: a user error prints as one line."""
+    return " ".join(text.split())
 
 
 class KernelError(UserError):
