@@ -11,8 +11,8 @@ import json
 import os
 
 import pytest
-
 from conftest import EXAMPLES, ROOT
+
 from pallasopt.cost_model.hardware import get_chip
 from pallasopt.errors import PassNotApplicable
 from pallasopt.passes.registry import PASSES

@@ -270,3 +270,23 @@ def test_cost_estimate(example_irs) -> None:
     assert "flops=" in line and "bytes_accessed=" in line
     with pytest.raises(PassNotApplicable):
         apply(new, "cost-estimate{call=0}")
+
+
+def test_accumulate_in_scratch(example_irs) -> None:
+    ir = example_irs["matmul"]
+    new = apply(ir, "accumulate-in-scratch{call=0,output=0}")
+    got = changed_lines(ir.source, new.source)
+    assert ("+", "def matmul_kernel(x_ref, y_ref, o_ref, acc_ref):") in got
+    assert ("+", "acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)") in got
+    assert ("+", "o_ref[...] = acc_ref[...].astype(o_ref.dtype)") in got
+    assert ("+", "scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],") in got
+    (scratch,) = new.calls[0].scratch
+    assert scratch.shape == (128, 128) and scratch.dtype == "float32"
+    # The scratch follows the tile knobs: tiling afterwards keeps it the size of the output block.
+    tiled = apply(new, "tile{call=0,bm=256,bn=512}")
+    assert tiled.calls[0].scratch[0].shape == (256, 512)
+
+
+def test_accumulate_in_scratch_declines_without_reduction(example_irs) -> None:
+    with pytest.raises(PassNotApplicable, match="not accumulated"):
+        apply(example_irs["softmax"], "accumulate-in-scratch{call=0,output=0}")

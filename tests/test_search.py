@@ -213,15 +213,30 @@ def test_llm_rewrite_joins_the_search_from_recorded_replies(tmp_path) -> None:
     fixtures = ROOT / "tests" / "fixtures" / "llm" / "softmax_good.json"
     client = RecordedClient.from_file(fixtures)
     r = optimize(
-        kernel, beam=2, depth=1, db_path=tmp_path / "k.db", use_compiler=False, passes=("llm-rewrite",),
-        llm=True, llm_client=client, jobs=1,
+        kernel,
+        beam=2,
+        depth=1,
+        db_path=tmp_path / "k.db",
+        use_compiler=False,
+        passes=("llm-rewrite",),
+        llm=True,
+        llm_client=client,
+        jobs=1,
     )
     assert client.calls >= 1 and r.llm_usage and r.llm_usage["requests"] >= 1
     assert r.correct
     again = RecordedClient.from_file(fixtures)
     optimize(
-        kernel, beam=2, depth=1, db_path=tmp_path / "k.db", use_compiler=False, passes=("llm-rewrite",),
-        llm=True, llm_client=again, jobs=1, fresh=True,
+        kernel,
+        beam=2,
+        depth=1,
+        db_path=tmp_path / "k.db",
+        use_compiler=False,
+        passes=("llm-rewrite",),
+        llm=True,
+        llm_client=again,
+        jobs=1,
+        fresh=True,
     )
     assert again.calls == 0  # every reply served from the kernel DB
 

@@ -257,6 +257,7 @@ class CompilerEstimator:
 
             self.cache[key] = est.to_dict()
             write_atomic(self.cache_path, json.dumps(self.cache, indent=1))
+            self.cache_path.chmod(0o644)
         return est
 
     def _hand_tuned(self, ir: KernelIR) -> Estimate | None:
@@ -330,7 +331,8 @@ class CompilerEstimator:
         static = rep.estimated_s * scale * trips
         floor = (nbytes or rbytes * scale) * trips / bw if fn == "reference" else 0.0
         bound = "static schedule" if static >= floor else floor_note
-        method = f"at reduced dims {rdims} x {scale:.4g} ({how}); {bound}"
+        method = f"at reduced dims {rdims} x {scale:.4g} ({how})" if rdims != dims else "at the default dims"
+        method += f"; {bound}"
         return Estimate(fn, max(static, floor), method="; ".join([method, *notes]))
 
 
@@ -494,23 +496,35 @@ def plot_speedups(path: Path, rows: Sequence[Row], meta: Mapping[str, Any]) -> N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [r.kernel for r in rows]
-    ys = range(len(rows))
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.28 * len(rows)))
-    speed = [effective_speedup(r) for r in rows]
-    colors = ["tab:blue" if r.ok else "tab:red" for r in rows]
-    ax.barh([y + 0.2 for y in ys], speed, height=0.4, color=colors, label="speedup over the naive kernel")
-    xla = [r.vs_xla or 0.0 for r in rows]
-    ax.barh([y - 0.2 for y in ys], xla, height=0.4, color="tab:orange", label="XLA reference time / best time")
+    ys = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(9, 1.6 + 0.3 * len(rows)))
+    series: list[tuple[list[float | None], float, str]] = [
+        ([effective_speedup(r) for r in rows], 0.2, "speedup over the naive kernel (red: not verified / crashed)"),
+        ([r.vs_xla for r in rows], -0.2, "XLA reference time / best time"),
+    ]
+    for (values, dy, label), color in zip(series, ("tab:blue", "tab:orange"), strict=True):
+        colors = [color if r.ok or dy < 0 else "tab:red" for r in rows]
+        width = [(v or 1.0) - 1.0 for v in values]  # bars grow from 1x: right is faster, left slower
+        ax.barh([y + dy for y in ys], width, left=1.0, height=0.4, color=colors, label=label)
+        for y, v in zip(ys, values, strict=True):
+            if v is not None:
+                ax.annotate(
+                    f"{v:.2f}",
+                    (v, y + dy),
+                    xytext=(2 if v >= 1 else -2, 0),
+                    textcoords="offset points",
+                    ha="left" if v >= 1 else "right",
+                    va="center",
+                    fontsize=6,
+                )
     ax.set_xscale("log")
     ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_yticks(list(ys), names, fontsize=7)
-    ax.invert_yaxis()
+    ax.set_yticks(ys, [r.kernel for r in rows], fontsize=7)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.margins(x=0.15)
     tiers = "/".join(sorted({r.tier for r in rows if r.tier})) or "-"
-    ax.set_title(
-        f"pallasopt bench {meta['target']} {meta['date']} ({tiers} tier; red: not verified / crashed)", fontsize=9
-    )
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"pallasopt bench, {meta['target']}, {meta['date']}: {tiers} tier times", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.04 - 0.5 / max(len(rows), 1)), ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -529,6 +543,8 @@ def write_results(
     if plot and rows:
         paths["png"] = out / f"{stem}.png"
         plot_speedups(paths["png"], rows, meta)
+    for p in paths.values():
+        p.chmod(0o644)  # results are for everyone to read (write_atomic's temp file is private)
     return paths
 
 
@@ -719,6 +735,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_bench(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
     console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=140)
     try:
         return int(args.handler(args, console))
     except KeyboardInterrupt:

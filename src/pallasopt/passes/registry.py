@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from ..errors import UsageError
+from .accumulate import AccumulateInScratchPass
 from .base import Pass
 from .cost_estimate import CostEstimatePass
 from .dimension_semantics import DimensionSemanticsPass
@@ -21,6 +22,7 @@ PASSES: tuple[type[Pass], ...] = (
     VmemLimitPass,
     SingleBufferPass,
     GridOrderPass,
+    AccumulateInScratchPass,
     CostEstimatePass,
     LLMRewritePass,
 )

@@ -1,0 +1,175 @@
+"""accumulate-in-scratch: a reduction that accumulates in its output ref gets an f32 VMEM scratch accumulator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import libcst as cst
+import libcst.matchers as m
+
+from ..cost_model.hardware import Chip
+from ..errors import check
+from ..ir.cst_edit import Located, ensure_pltpu, find_call_node, kernel_function, keyword, replace_many, spec_nodes
+from ..ir.facts import CallFacts
+from ..ir.kernel_ir import KernelIR
+from .base import Pass
+from .single_buffer import _pl_alias
+
+FLOAT_OUTPUTS = ("float32", "bfloat16", "float16")
+
+
+def accumulating_outputs(call: CallFacts) -> tuple[int, ...]:
+    """Output positions revisited along exactly one reduction axis (the kernel accumulates into them)."""
+    red = call.revisited_axes()
+    if len(red) != 1 or call.body.has_dma:
+        return ()
+    return tuple(
+        o.position
+        for o in call.outputs
+        if o.is_pipelined and o.dtype in FLOAT_OUTPUTS and red[0] not in o.index_map.axes
+    )
+
+
+def _jnp_alias(module: cst.Module) -> str | None:
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Import):
+                    for a in small.names:
+                        if cst.Module([]).code_for_node(a.name) == "jax.numpy":
+                            return a.asname.name.value if a.asname else "jax.numpy"  # type: ignore[union-attr]
+    return None
+
+
+@dataclass(frozen=True)
+class AccumulateInScratchPass(Pass):
+    """Move a reduction's running sum from the output block into an f32 VMEM scratch accumulator: zeroed wherever
+    the kernel zeroed its output, read and written instead of the output, and stored (cast to the output dtype) once
+    on the last reduction step.
+
+    Helps narrow outputs most (bf16/f16: no per-step down-cast and round-off, an f32-accurate sum); for f32 outputs
+    it keeps the output block write-only. Parameters: `call`, `output` (output position). Declines for kernels
+    with manual DMA, several reduction axes, non-float outputs, or kernels written with `*args`.
+    """
+
+    name: ClassVar[str] = "accumulate-in-scratch"
+    call: int = 0
+    output: int = 0
+
+    @classmethod
+    def choices(cls, ir: KernelIR, chip: Chip) -> tuple[Pass, ...]:
+        return tuple(cls(call=c.index, output=o) for c in ir.calls for o in accumulating_outputs(c))
+
+    def apply(self, ir: KernelIR) -> KernelIR:
+        check(0 <= self.call < len(ir.calls), f"no pallas_call #{self.call}")
+        facts = ir.calls[self.call]
+        check(
+            self.output in accumulating_outputs(facts),
+            f"output {self.output} is not accumulated over one reduction axis",
+        )
+        (axis,) = facts.revisited_axes()
+        out_op = facts.outputs[self.output]
+        jnp = _jnp_alias(ir.module)
+        check(jnp is not None, "the module does not import jax.numpy")
+        module, pltpu = ensure_pltpu(ir.module)
+        pl = _pl_alias(module)
+        loc = Located.of(module)
+        node = find_call_node(loc, facts)
+        kernel = kernel_function(loc, node)
+        check(kernel is not None, "cannot find the kernel function")
+        assert kernel is not None
+        params = kernel.params
+        check(
+            params.star_arg is cst.MaybeSentinel.DEFAULT or isinstance(params.star_arg, cst.ParamStar),
+            "the kernel takes *args",
+        )
+        n_refs = facts.num_scalar_prefetch + len(facts.inputs) + len(facts.outputs) + len(facts.scratch)
+        check(len(params.params) == n_refs, "the kernel's positional parameters do not match the refs")
+        out_param = params.params[facts.num_scalar_prefetch + len(facts.inputs) + self.output].name.value
+        used = {n.value for n in m.findall(kernel, m.Name()) if isinstance(n, cst.Name)}
+        acc = "acc_ref"
+        while acc in used:
+            acc = "_" + acc
+        specs = spec_nodes(loc, node)
+        offset = len(specs) - len(facts.outputs) + self.output
+        spec = specs[offset] if 0 <= offset < len(specs) else None
+        shape = _block_shape_text(spec, out_op.block_shape)
+        check(shape is not None, "cannot read the output BlockSpec's block shape")
+        edits: dict[cst.CSTNode, cst.CSTNode] = {}
+        new_kernel = _rewrite_kernel(kernel, out_param, acc, axis, pl)
+        edits[kernel] = new_kernel
+        scratch = cst.parse_expression(f"{pltpu}.VMEM({shape}, {jnp}.float32)")
+        _add_scratch(loc, node, scratch, edits)
+        new = replace_many(loc.wrapper.module, edits)
+        return ir.with_module(new, self.spec())
+
+
+def _block_shape_text(spec: cst.BaseExpression | None, traced: tuple[int | None, ...]) -> str | None:
+    """The output block shape as source text (keeping the user's names, so later tiling stays coherent)."""
+    if not isinstance(spec, cst.Call):
+        return None
+    positional = [a for a in spec.args if a.keyword is None]
+    arg = keyword(spec, "block_shape") or (positional[0] if positional else None)
+    if arg is None or not isinstance(arg.value, cst.Tuple | cst.List):
+        return None
+    elems = [e.value for e in arg.value.elements]
+    if len(elems) != len(traced):
+        return None
+    kept = [cst.Module([]).code_for_node(e) for e, t in zip(elems, traced, strict=True) if t is not None]
+    return "(" + ", ".join(kept) + ("," if len(kept) == 1 else "") + ")"
+
+
+def _rewrite_kernel(kernel: cst.FunctionDef, out: str, acc: str, axis: int, pl: str) -> cst.FunctionDef:
+    class Rename(cst.CSTTransformer):
+        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
+            return updated.with_changes(value=acc) if original.value == out else updated
+
+    body = kernel.body.visit(Rename())
+    assert isinstance(body, cst.IndentedBlock)
+    store = cst.parse_statement(
+        f"@{pl}.when({pl}.program_id({axis}) == {pl}.num_programs({axis}) - 1)\n"
+        f"def _store_accumulator():\n"
+        f"    {out}[...] = {acc}[...].astype({out}.dtype)\n"
+    )
+    store = store.with_changes(leading_lines=[cst.EmptyLine()])
+    params = list(kernel.params.params)
+    last = params[-1]
+    new_param = cst.Param(name=cst.Name(acc))
+    if isinstance(last.comma, cst.Comma):
+        new_param = new_param.with_changes(comma=last.comma)
+    params[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    params.append(new_param)
+    return kernel.with_changes(
+        params=kernel.params.with_changes(params=params),
+        body=body.with_changes(body=[*body.body, store]),
+    )
+
+
+def _add_scratch(
+    loc: Located, call: cst.Call, scratch: cst.BaseExpression, edits: dict[cst.CSTNode, cst.CSTNode]
+) -> None:
+    from ..ir.cst_edit import resolve_local, set_keyword
+
+    holder = call
+    arg = keyword(call, "scratch_shapes")
+    gs = keyword(call, "grid_spec")
+    if arg is None and gs is not None:
+        val = gs.value
+        while isinstance(val, cst.Name):
+            val = resolve_local(loc, call, val.value)  # type: ignore[assignment]
+        check(isinstance(val, cst.Call), "the grid spec is not a GridSpec(...) call pallasopt can edit")
+        assert isinstance(val, cst.Call)
+        holder = val
+        arg = keyword(val, "scratch_shapes")
+    if arg is None:
+        edits[holder] = set_keyword(holder, "scratch_shapes", cst.List([cst.Element(scratch)]))
+        return
+    value = arg.value
+    check(isinstance(value, cst.List | cst.Tuple), "scratch_shapes is not a literal list")
+    assert isinstance(value, cst.List | cst.Tuple)
+    elems = list(value.elements)
+    if elems and elems[-1].comma is cst.MaybeSentinel.DEFAULT:
+        elems[-1] = elems[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    elems.append(cst.Element(scratch))
+    edits[value] = value.with_changes(elements=elems)
