@@ -266,7 +266,7 @@ def test_cost_estimate(example_irs) -> None:
     ir = example_irs["matmul"]
     new = apply(ir, "cost-estimate{call=0}")
     assert new.calls[0].has_cost_estimate
-    line = next(l for l in new.source.splitlines() if "cost_estimate=" in l)
+    line = next(s for s in new.source.splitlines() if "cost_estimate=" in s)
     assert "flops=" in line and "bytes_accessed=" in line
     with pytest.raises(PassNotApplicable):
         apply(new, "cost-estimate{call=0}")
