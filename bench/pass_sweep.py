@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from pallasopt.cost_model.hardware import get_chip
-from pallasopt.errors import PassNotApplicable, PallasoptError
+from pallasopt.errors import PallasoptError, PassNotApplicable
 from pallasopt.harness.check import check_many
 from pallasopt.ir.kernel_ir import KernelIR
 from pallasopt.passes.registry import PASSES

@@ -117,12 +117,12 @@ class Dot:
     lhs_dtype: str
     rhs_dtype: str
     out_dtype: str
-    count: int = 1  # times executed per grid step (loops)
+    count: float = 1  # times executed per grid step (loops; a fraction inside a pl.when on some steps)
     transposed_rhs: bool = False
 
     @property
     def flops(self) -> int:
-        return 2 * self.batch * self.m * self.n * self.k * self.count
+        return round(2 * self.batch * self.m * self.n * self.k * self.count)
 
 
 @dataclass(frozen=True)

@@ -255,9 +255,18 @@ def _fit_affine(
         return None
 
 
-def _count_body(jaxpr: Any, multiplier: int, acc: dict[str, Any]) -> None:
+def _count_body(jaxpr: Any, multiplier: float, acc: dict[str, Any], grid: tuple[int, ...] = ()) -> None:
+    pids: dict[Any, set[int]] = {}  # vars derived from program_id, by grid axis (for pl.when weighting)
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
+        src: set[int] = set()
+        for v in eqn.invars:
+            if not isinstance(v, jax.extend.core.Literal):
+                src |= pids.get(v, set())
+        if name == "program_id":
+            src = {int(eqn.params["axis"])}
+        for out in eqn.outvars:
+            pids[out] = src
         acc["prims"].add(name)
         out_elems = sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
         if name == "dot_general":
@@ -304,23 +313,29 @@ def _count_body(jaxpr: Any, multiplier: int, acc: dict[str, Any]) -> None:
             acc["vpu"] += multiplier * out_elems
         if name == "scan":
             inner = eqn.params["jaxpr"].jaxpr
-            _count_body(inner, multiplier * int(eqn.params["length"]), acc)
+            _count_body(inner, multiplier * int(eqn.params["length"]), acc, grid)
         elif name == "while":
             acc["unbounded"] = True
-            _count_body(eqn.params["body_jaxpr"].jaxpr, multiplier, acc)
+            _count_body(eqn.params["body_jaxpr"].jaxpr, multiplier, acc, grid)
         elif name == "cond":
-            # Count the most expensive branch once: pl.when init/finalize branches run on some steps only.
-            best: dict[str, Any] | None = None
+            # A `pl.when(program_id(a) == 0 / == last)` branch runs on 1 of grid[a] steps: weight the costly branch
+            # by 1/grid[a] and the cheap one by the rest. Conditions not on program_id: count the costly branch.
+            subs = []
             for br in eqn.params["branches"]:
                 sub = _new_acc()
-                _count_body(br.jaxpr, multiplier, sub)
-                if best is None or _weight(sub) > _weight(best):
-                    best = sub
-            if best is not None:
-                _merge(acc, best)
+                _count_body(br.jaxpr, multiplier, sub, grid)
+                subs.append(sub)
+            if subs:
+                subs.sort(key=_weight)
+                axes = pids.get(eqn.invars[0], set()) if not isinstance(eqn.invars[0], jax.extend.core.Literal) else set()
+                extents = [grid[a] for a in axes if a < len(grid) and grid[a] > 1]
+                p = 1.0 / max(extents) if extents else 1.0
+                _merge(acc, subs[-1], p)
+                if p < 1.0:
+                    _merge(acc, subs[0], 1.0 - p)
         else:
             for sub in _subjaxprs(eqn):
-                _count_body(sub, multiplier, acc)
+                _count_body(sub, multiplier, acc, grid)
 
 
 def _new_acc() -> dict[str, Any]:
@@ -342,10 +357,15 @@ def _weight(acc: Mapping[str, Any]) -> float:
     return float(sum(d.flops for d in acc["dots"]) + acc["vpu"] + 4 * acc["eup"] + acc["load"] + acc["store"])
 
 
-def _merge(acc: dict[str, Any], other: Mapping[str, Any]) -> None:
-    acc["dots"].extend(other["dots"])
+def _merge(acc: dict[str, Any], other: Mapping[str, Any], weight: float = 1.0) -> None:
+    import dataclasses
+
+    if weight == 1.0:
+        acc["dots"].extend(other["dots"])
+    else:  # a dot in a branch taken on a fraction of the steps
+        acc["dots"].extend(dataclasses.replace(d, count=d.count * weight) for d in other["dots"])
     for k in ("vpu", "eup", "load", "store"):
-        acc[k] += other[k]
+        acc[k] += other[k] * weight
     for k in ("dma", "sem", "unbounded"):
         acc[k] = acc[k] or other[k]
     acc["pid"] |= other["pid"]
@@ -378,9 +398,9 @@ def _conditional_axes(jaxpr: Any) -> tuple[int, ...]:
     return tuple(sorted(found))
 
 
-def body_stats(kernel_jaxpr: Any) -> BodyStats:
+def body_stats(kernel_jaxpr: Any, grid: tuple[int, ...] = ()) -> BodyStats:
     acc = _new_acc()
-    _count_body(kernel_jaxpr, 1, acc)
+    _count_body(kernel_jaxpr, 1, acc, grid)
     return BodyStats(
         dots=tuple(acc["dots"]),
         vpu_elems=int(acc["vpu"]),
@@ -462,7 +482,7 @@ def call_facts(eqn: Any, index: int, path: str) -> CallFacts:
         dimension_semantics=semantics,
         vmem_limit_bytes=vmem,
         compiler_params=params,
-        body=body_stats(kernel),
+        body=body_stats(kernel, grid),
         span=_span(eqn, path),
         input_output_aliases=aliases,
         has_cost_estimate=eqn.params.get("cost_estimate") is not None,
