@@ -379,12 +379,17 @@ def _versions() -> dict[str, str]:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
             out[pkg] = "not installed"
-    try:
-        out["git"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        out["git"] = "?"
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+        except OSError:
+            return "?"
+
+    # The model's figures depend on the working tree, not only on HEAD: say whether src/ had changes.
+    out["git"] = git("rev-parse", "--short", "HEAD") + (
+        " (src/ modified)" if git("status", "--porcelain", "src") else ""
+    )
     return out
 
 
@@ -398,6 +403,7 @@ def run(targets: Sequence[str], quick: bool, out_dir: Path, workers: int = 2, ti
         )
         return 2
     t_start = time.perf_counter()
+    versions = _versions()  # before tracing: the model columns are computed from this tree
     variants = build_variants(QUICK if quick else SWEEP)
     t_built = time.perf_counter()
     chips = [get_chip(t) for t in targets]
@@ -443,7 +449,7 @@ def run(targets: Sequence[str], quick: bool, out_dir: Path, workers: int = 2, ti
             "quick": quick,
             "wall_s": wall,
             "build_s": t_built - t_start,
-            "versions": _versions(),
+            "versions": versions,
             "summary": summ,
             "rows": rows[ch.name],
         }

@@ -129,15 +129,25 @@ def _enumerate_fetches(op: Operand, grid: Sequence[int], axes: Sequence[int]) ->
     return count
 
 
-def padded_block_bytes(op: Operand, chip: Chip) -> int:
-    """Block bytes with the last two dims padded to the dtype's native (sublane, lane) tile, as VMEM holds them."""
-    dims = [1 if b is None else b for b in op.block_shape]
-    sub, lane = chip.native_tile(op.dtype)
-    if len(dims) >= 1:
-        dims[-1] = _pad(dims[-1], lane)
+def _padded_bytes(shape: Sequence[int], dtype: str, chip: Chip) -> int:
+    """Bytes of a VMEM buffer: lanes padded to 128, rows to a multiple of 8 whatever the dtype, and a one-row
+    buffer taking a whole 32-bit row (measured with libtpu: see docs/cost-model.md, fidelity findings 3)."""
+    dims = list(shape) or [1]
+    itemsize = dtype_bytes(dtype)
+    if chip.is_gpu:
+        return math.prod(dims) * itemsize
+    dims[-1] = _pad(dims[-1], 128)
     if len(dims) >= 2:
-        dims[-2] = _pad(dims[-2], sub)
-    return math.prod(dims) * dtype_bytes(op.dtype)
+        if dims[-2] == 1:
+            itemsize = max(itemsize, 4)
+        else:
+            dims[-2] = _pad(dims[-2], 8)
+    return math.prod(dims) * itemsize
+
+
+def padded_block_bytes(op: Operand, chip: Chip) -> int:
+    """Block bytes as VMEM holds them (see `_padded_bytes`)."""
+    return _padded_bytes([1 if b is None else b for b in op.block_shape], op.dtype, chip)
 
 
 def vmem_footprint(call: CallFacts, chip: Chip) -> int:
@@ -145,17 +155,16 @@ def vmem_footprint(call: CallFacts, chip: Chip) -> int:
     total = 0
     for op in call.operands:
         if op.is_pipelined:
-            # A one-step grid has nothing to prefetch: the compiler keeps a single buffer (measured with libtpu).
-            buffers = 1 if call.steps == 1 else (op.buffer_count or 2)
+            # A block fetched once (one-step grid, or an index that never changes) has nothing to prefetch: the
+            # compiler keeps a single buffer (measured with libtpu).
+            once = call.steps == 1 or block_fetches(op, call.grid)[0] == 1
+            buffers = 1 if once else (op.buffer_count or 2)
             total += buffers * padded_block_bytes(op, chip)
+    # The compiler allocates one copy of the largest value a reduction consumes (softmax rows, attention scores).
+    total += call.body.max_reduced_bytes
     for s in call.scratch:
         if s.memory_space in ("vmem", "default"):
-            dims = list(s.shape) or [1]
-            sub, lane = chip.native_tile(s.dtype)
-            dims[-1] = _pad(dims[-1], lane)
-            if len(dims) >= 2:
-                dims[-2] = _pad(dims[-2], sub)
-            total += math.prod(dims) * dtype_bytes(s.dtype)
+            total += _padded_bytes(s.shape, s.dtype, chip)
     return total
 
 

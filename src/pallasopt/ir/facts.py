@@ -140,6 +140,8 @@ class BodyStats:
     program_id_axes: tuple[int, ...] = ()
     conditional_axes: tuple[int, ...] = ()  # grid axes whose program_id feeds a `pl.when`/cond
     primitives: tuple[str, ...] = ()
+    max_temp_bytes: int = 0  # largest intermediate value in the body
+    max_reduced_bytes: int = 0  # largest value a reduction consumes (the compiler keeps one copy in VMEM)
 
     @property
     def mxu_flops(self) -> int:

@@ -269,6 +269,10 @@ def _count_body(jaxpr: Any, multiplier: float, acc: dict[str, Any], grid: tuple[
             pids[out] = src
         acc["prims"].add(name)
         out_elems = sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
+        for v in eqn.outvars:
+            aval = v.aval
+            if hasattr(aval, "dtype") and not hasattr(aval, "inner_aval") and getattr(aval, "shape", None):
+                acc["temp"] = max(acc["temp"], math.prod(aval.shape) * dtype_bytes(str(aval.dtype)))
         if name == "dot_general":
             (lc, rc), (lb, _rb) = eqn.params["dimension_numbers"]
             lhs, rhs = (v.aval for v in eqn.invars[:2])
@@ -307,6 +311,9 @@ def _count_body(jaxpr: Any, multiplier: float, acc: dict[str, Any], grid: tuple[
             acc["pid"].add(int(eqn.params["axis"]))
         elif name in ("reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin", "reduce_prod"):
             acc["vpu"] += multiplier * sum(math.prod(v.aval.shape) for v in eqn.invars)
+            for v in eqn.invars:
+                if hasattr(v.aval, "dtype") and getattr(v.aval, "shape", None):
+                    acc["reduced"] = max(acc["reduced"], math.prod(v.aval.shape) * dtype_bytes(str(v.aval.dtype)))
         elif name in TRANSCENDENTAL:
             acc["eup"] += multiplier * out_elems
         elif name not in STRUCTURAL:
@@ -327,7 +334,9 @@ def _count_body(jaxpr: Any, multiplier: float, acc: dict[str, Any], grid: tuple[
                 subs.append(sub)
             if subs:
                 subs.sort(key=_weight)
-                axes = pids.get(eqn.invars[0], set()) if not isinstance(eqn.invars[0], jax.extend.core.Literal) else set()
+                axes = (
+                    pids.get(eqn.invars[0], set()) if not isinstance(eqn.invars[0], jax.extend.core.Literal) else set()
+                )
                 extents = [grid[a] for a in axes if a < len(grid) and grid[a] > 1]
                 p = 1.0 / max(extents) if extents else 1.0
                 _merge(acc, subs[-1], p)
@@ -350,6 +359,8 @@ def _new_acc() -> dict[str, Any]:
         "unbounded": False,
         "pid": set(),
         "prims": set(),
+        "temp": 0,
+        "reduced": 0,
     }
 
 
@@ -370,6 +381,8 @@ def _merge(acc: dict[str, Any], other: Mapping[str, Any], weight: float = 1.0) -
         acc[k] = acc[k] or other[k]
     acc["pid"] |= other["pid"]
     acc["prims"] |= other["prims"]
+    acc["temp"] = max(acc["temp"], other["temp"])
+    acc["reduced"] = max(acc["reduced"], other["reduced"])
 
 
 def _conditional_axes(jaxpr: Any) -> tuple[int, ...]:
@@ -413,6 +426,8 @@ def body_stats(kernel_jaxpr: Any, grid: tuple[int, ...] = ()) -> BodyStats:
         program_id_axes=tuple(sorted(acc["pid"])),
         conditional_axes=_conditional_axes(kernel_jaxpr),
         primitives=tuple(sorted(acc["prims"])),
+        max_temp_bytes=int(acc["temp"]),
+        max_reduced_bytes=int(acc["reduced"]),
     )
 
 

@@ -13,7 +13,7 @@ from ..cost_model.hardware import Chip
 from ..cost_model.roofline import estimate_call, legality_problems, vmem_footprint
 from ..errors import UsageError, check
 from ..ir.cst_edit import replace_integers
-from ..ir.facts import CallFacts
+from ..ir.facts import BodyStats, CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..ir.knobs import Knob, discover_knobs, scaled_values
 from .base import Pass
@@ -184,14 +184,47 @@ def predict(
                     shape[d] = b * new // old
             ops.append(dataclasses.replace(op, block_shape=tuple(shape)))
         grid = list(call.grid)
+        ratios: list[tuple[int, int]] = []
         for a, g in enumerate(grid):
             if (call.index, a) in scale:
                 old, new = scale[(call.index, a)]
                 if (g * old) % new:
                     raise ValueError("grid extent not integral")
                 grid[a] = g * old // new
-        out.append(dataclasses.replace(call, grid=tuple(grid), operands=tuple(ops)))
+                ratios.append((old, new))
+        body = _scaled_body(call.body, ratios) if ratios else call.body
+        out.append(dataclasses.replace(call, grid=tuple(grid), operands=tuple(ops), body=body))
     return tuple(out)
+
+
+def _scaled_body(body: BodyStats, ratios: list[tuple[int, int]]) -> BodyStats:
+    """Per-step work after retiling: it grows with the block along every retiled axis (total work is unchanged).
+    A dot dim equal to an old block size takes the new size (so MXU padding is re-evaluated); the rest of the
+    factor goes into the dot's count."""
+    factor = math.prod(new / old for old, new in ratios)
+    dots = []
+    for d in body.dots:
+        dims = {"m": d.m, "n": d.n, "k": d.k}
+        moved = 1.0
+        pending = list(ratios)
+        for key in ("m", "n", "k"):
+            for i, (old, new) in enumerate(pending):
+                if dims[key] == old:
+                    dims[key] = new
+                    moved *= new / old
+                    pending.pop(i)
+                    break
+        dots.append(dataclasses.replace(d, count=d.count * factor / moved, m=dims["m"], n=dims["n"], k=dims["k"]))
+    return dataclasses.replace(
+        body,
+        dots=tuple(dots),
+        vpu_elems=round(body.vpu_elems * factor),
+        transcendental_elems=round(body.transcendental_elems * factor),
+        load_bytes=round(body.load_bytes * factor),
+        store_bytes=round(body.store_bytes * factor),
+        max_temp_bytes=round(body.max_temp_bytes * factor),
+        max_reduced_bytes=round(body.max_reduced_bytes * factor),
+    )
 
 
 def _steps(call: CallFacts) -> int:
