@@ -41,6 +41,7 @@ DEFECTS = (
     "no_default",
     "bad_entry_name",
     "import_fails",
+    "exits_on_import",
     "second_entry",
     "entry_raises",
     "reference_not_callable",
@@ -191,6 +192,7 @@ def _defect(src: str, defect: str | None) -> str:
         "make_inputs_raises": ("    kx, ky = jax.random.split(key)", "    kx, ky = jax.random.split(key, 3)"),
         "no_default": ("def make_inputs(key, M=", "def make_inputs(key, M, Q="),
         "import_fails": ("import functools\n", "import functools\nimport not_a_module_anywhere\n"),
+        "exits_on_import": ("import functools\n", "import functools\nraise SystemExit(1)\n"),
         "entry_raises": (
             "    return pl.pallas_call(",
             "    assert x.ndim == 3, 'wants 3-D'\n    return pl.pallas_call(",

@@ -249,3 +249,23 @@ def test_llm_without_key_is_one_line(tmp_path, monkeypatch) -> None:
     kernel.write_text((ROOT / "examples" / "softmax.py").read_text())
     with pytest.raises(EnvironmentProblem, match="ANTHROPIC_API_KEY"):
         optimize(kernel, llm=True, db_path=tmp_path / "k.db", evaluator=FakeTiers())
+
+
+def test_time_below_the_roofline_floor_is_rechecked(matmul_ir) -> None:
+    """A candidate whose estimate beats physics is re-checked on other seeds and dropped if that fails."""
+
+    class Cheater(FakeTiers):
+        def compiler(self, ir):
+            r = super().compiler(ir)
+            if r is not None and r.ok and self.bm(ir) == 512:
+                return TierResult("compiler", True, 1e-9, "impossible", {"below_floor": True})
+            return r
+
+        def check(self, ir, seeds):
+            self.calls["check"] += 1
+            ok = not (self.bm(ir) == 512 and seeds[0] != 101)  # passes the usual seeds only
+            return TierResult("check", ok, None, "fake")
+
+    out = run(matmul_ir, Cheater())
+    assert out.best.ir.calls[0].operands[0].block_shape[0] != 512
+    assert any("check" in n.results and not n.passed("check") for n in out.nodes.values())

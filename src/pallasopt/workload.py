@@ -171,6 +171,14 @@ def exec_module(source: str, path: str) -> types.ModuleType:
     except SyntaxError as e:
         sys.modules.pop(name, None)
         raise KernelError(f"syntax error: {e.msg}", path=path, line=e.lineno, hint="fix the syntax") from None
+    except SystemExit as e:  # not an Exception: it would end pallasopt (or the check's child) silently
+        sys.modules.pop(name, None)
+        raise KernelError(
+            f"importing the module called sys.exit({e.code!r})",
+            path=path,
+            line=_user_line(e, path),
+            hint="the file must import on its own without exiting (guard scripts with `if __name__ == '__main__':`)",
+        ) from None
     except Exception as e:
         sys.modules.pop(name, None)
         raise KernelError(
@@ -283,8 +291,12 @@ def read_file(path: str | Path) -> str:
         raise KernelError("is a folder, not a kernel module", path=str(path), hint="pass a .py file")
     try:
         return p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise KernelError(f"cannot read: {e}", path=str(path)) from None
+    except UnicodeDecodeError as e:
+        raise KernelError(f"cannot read: {e}", path=str(path), hint="save the file as UTF-8") from None
+    except OSError as e:
+        raise KernelError(
+            f"cannot read: {e.strerror or e}", path=str(path), hint="check the file's permissions"
+        ) from None
 
 
 def load(path: str | Path) -> Workload:

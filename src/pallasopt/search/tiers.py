@@ -119,6 +119,17 @@ def reduce_dims_for_compile(ir: KernelIR, max_steps: int = 256) -> tuple[dict[st
     return dims, full / max(current, 1)
 
 
+SUSPICIOUS = 0.5  # a time under half the roofline floor is flagged and the candidate re-checked on fresh seeds
+
+
+def roofline_floor(ir: KernelIR, chip: Chip) -> float:
+    """No kernel beats max(its FLOPs at peak, its compulsory HBM bytes at full bandwidth)."""
+    flops = sum(c.flops for c in ir.calls)
+    dtypes = [d.lhs_dtype for c in ir.calls for d in c.body.dots] or ["bfloat16"]
+    compulsory = sum(o.array_bytes for c in ir.calls for o in c.operands)
+    return max(flops / chip.device_peak_flops(dtypes[0]), compulsory / chip.device_hbm_bw_bytes_s)
+
+
 class Tiers:
     """The real tiers for one target chip."""
 
@@ -150,6 +161,9 @@ class Tiers:
         # The static schedule does not model HBM bandwidth (FACTS.md): time >= bytes / bandwidth.
         t = max(static, hbm_floor)
         bound = "static schedule" if static >= hbm_floor else "HBM floor"
+        floor = roofline_floor(ir, self.chip)
+        if t < SUSPICIOUS * floor:
+            data = {**data, "below_floor": True, "floor_s": floor}
         return TierResult(
             "compiler", True, t, f"{bound}: static {static * 1e3:.3f} ms, HBM floor {hbm_floor * 1e3:.3f} ms", data
         )
@@ -166,7 +180,10 @@ class Tiers:
         if accelerator_kind() is None:
             return None
         r = time_kernel(ir.source, ir.path)
-        return TierResult("hardware", r.get("ok", False), r.get("median_s"), r.get("message", ""), r)
+        t = r.get("median_s")
+        if t is not None and t < SUSPICIOUS * roofline_floor(ir, self.chip):
+            r = {**r, "below_floor": True, "floor_s": roofline_floor(ir, self.chip)}
+        return TierResult("hardware", r.get("ok", False), t, r.get("message", ""), r)
 
 
 def _libtpu() -> bool:
