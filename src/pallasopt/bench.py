@@ -218,11 +218,11 @@ def _versions() -> dict[str, str]:
 class CompilerEstimator:
     """Deviceless-compiler estimates of `reference` (pure XLA) and `hand_tuned`, cached in a JSON file.
 
-    Reference: compiled at the kernel's default dims when XLA's cost analysis predicts < `direct_limit_s` of work
-    (libtpu's profile takes minutes on bigger XLA ops), else at smaller dims found by the kernel's own
-    `reduce_dims_for_compile` (about that much work) and scaled by the reference's FLOP ratio default/reduced. Time = max(static
-    estimate, HBM bytes / bandwidth), both times the trip count of a `scan` in the reference (the profile counts a
-    loop body once). Hand-tuned (a Pallas kernel): the kernel's own compiler tier, run on `hand_tuned`.
+    Reference: compiled at the default dims when XLA's cost analysis predicts <= `direct_limit_s` of work (libtpu's
+    profile of a bigger XLA op takes minutes), else at smaller dims from the kernel's `reduce_dims_for_compile`
+    (about that much work) scaled by the reference's FLOP ratio default/reduced. Time = max(static estimate, XLA's
+    bytes accessed / HBM bandwidth), both times the trip count of a `scan` in the reference (the profile counts a
+    loop body once). Hand-tuned: the kernel's own compiler tier, run on `hand_tuned` as the entry.
     """
 
     def __init__(

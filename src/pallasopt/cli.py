@@ -113,6 +113,10 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     source = read_file(args.file)
     inspect_source(source, args.file)  # a malformed file is a one-line error, not a failed check
     result = check(source, args.file, seeds=seeds, timeout_s=args.timeout)
+    if result.user_error:  # the module itself is broken (make_inputs raises, the entry does not trace): one line
+        from .errors import KernelError
+
+        raise KernelError(result.message)
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
     elif result.ok:

@@ -25,6 +25,7 @@ class CheckResult:
     max_rel_err: float = 0.0
     wall_s: float = 0.0
     outputs: tuple[Mapping[str, Any], ...] = ()
+    user_error: int = 0  # the exit code of a problem in the module itself (it failed to load or trace), else 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -38,6 +39,7 @@ class CheckResult:
             "max_rel_err": self.max_rel_err,
             "wall_s": self.wall_s,
             "outputs": [dict(o) for o in self.outputs],
+            "user_error": self.user_error,
         }
 
     @staticmethod
@@ -53,6 +55,7 @@ class CheckResult:
             max_rel_err=float(d.get("max_rel_err") or 0.0),
             wall_s=float(d.get("wall_s") or 0.0),
             outputs=tuple(d.get("outputs") or ()),
+            user_error=int(d.get("user_error") or 0),
         )
 
 

@@ -39,8 +39,8 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
             return {"ok": True, "calls": [c.to_dict() for c in calls]}
         return {"ok": False, "status": "error", "message": f"unknown op {request['op']!r}"}
     except UserError as e:
-        return {"ok": False, "status": "error", "message": str(e)}
-    except Exception as e:
+        return {"ok": False, "status": "error", "message": str(e), "user_error": int(e.exit_code)}
+    except (Exception, SystemExit) as e:
         tb = traceback.extract_tb(e.__traceback__)
         where = next((f"{f.filename}:{f.lineno}" for f in reversed(tb) if f.filename == request.get("path")), "")
         text = " ".join(str(e).split())[:600]

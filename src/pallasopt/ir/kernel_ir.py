@@ -52,8 +52,8 @@ class KernelIR:
     @staticmethod
     def from_source(source: str, path: str, recipe: tuple[str, ...] = ()) -> KernelIR:
         """Parse, load and trace a kernel module source (raises `KernelError` on a bad module)."""
+        workload = load_source(source, path)  # first: its syntax errors name the right line
         module = parse_cst(source, path)
-        workload = load_source(source, path)
         calls = trace_calls(workload)
         return KernelIR(
             source=source,

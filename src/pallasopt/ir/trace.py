@@ -93,7 +93,7 @@ def arg_structs(workload: Workload, dims: Mapping[str, int] | None = None) -> tu
     d = dict(workload.dims if dims is None else dims)
     try:
         out = jax.eval_shape(lambda: workload.make_inputs(jax.random.key(0), **d))
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise KernelError(
             f"make_inputs failed at dims {d}: {type(e).__name__}: {_short(e)}",
             path=workload.path,
@@ -123,7 +123,7 @@ def trace_entry(workload: Workload, dims: Mapping[str, int] | None = None) -> An
     structs = arg_structs(workload, dims)
     try:
         return jax.make_jaxpr(workload.entry)(*structs)
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise KernelError(
             f"tracing the entry {workload.spec.entry!r} failed: {type(e).__name__}: {_short(e)}",
             path=workload.path,

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from ..cost_model.hardware import Chip
 from ..cost_model.roofline import estimate_call, legality_problems, vmem_footprint
-from ..errors import UsageError, check
+from ..errors import PassNotApplicable, UsageError, check
 from ..ir.cst_edit import replace_integers
 from ..ir.facts import BodyStats, CallFacts
 from ..ir.kernel_ir import KernelIR
@@ -74,11 +74,16 @@ class TilePass(Pass):
 
     def predict(self, ir: KernelIR) -> tuple[CallFacts, ...]:
         """The facts the rewrite should produce, computed without re-tracing (for ranking many choices)."""
-        return predict(ir.calls, knobs_of(ir), self._knobs(ir))
+        chosen = self._knobs(ir)
+        try:
+            return predict(ir.calls, knobs_of(ir), chosen)
+        except ValueError as e:
+            sizes = ", ".join(f"{k.name}={s}" for k, s in chosen)
+            raise PassNotApplicable(f"{sizes} does not divide the blocks or the grid evenly ({e})") from None
 
     def apply(self, ir: KernelIR) -> KernelIR:
         chosen = self._knobs(ir)
-        expected = predict(ir.calls, knobs_of(ir), chosen)
+        expected = self.predict(ir)
         values: dict[tuple[int, int], int] = {}
         for knob, size in chosen:
             scaled = scaled_values(knob.sites, knob.value, size)
