@@ -179,7 +179,7 @@ def exec_module(source: str, path: str) -> types.ModuleType:
             line=_user_line(e, path),
             hint="the file must import on its own without exiting (guard scripts with `if __name__ == '__main__':`)",
         ) from None
-    except (Exception, SystemExit) as e:
+    except Exception as e:
         sys.modules.pop(name, None)
         raise KernelError(
             f"importing the module failed: {type(e).__name__}: {e}",
