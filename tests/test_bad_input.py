@@ -274,31 +274,16 @@ def test_two_entries_names_both_lines(capsys, k) -> None:
     assert re.search(r"add_one \(line 12\), add_two \(line \d+\)", line)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KernelIR.from_source parses with libcst before the ast-based inspect_source, so analyze/apply report "
-    "libcst's syntax message one line off (patch: load_source before parse_cst in ir/kernel_ir.py)",
-)
 def test_syntax_error_same_message_in_every_command(capsys, k) -> None:
     want = error_line(capsys, 3, ["check", str(k["syntax"])])
     assert error_line(capsys, 3, ["analyze", str(k["syntax"])]) == want
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cmd_check turns the child's load error into a FAIL line on stdout with exit 1 (patch: worker replies "
-    "with the UserError's exit code, cmd_check re-raises it)",
-)
 def test_check_of_a_module_whose_make_inputs_fails_is_a_user_error(capsys, k) -> None:
     line = error_line(capsys, 3, ["check", str(k["make_inputs_fails"])])
     assert line.startswith(f"{k['make_inputs_fails']}:{MAKE_INPUTS_LINE + 2}: make_inputs failed")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SystemExit raised by the entry while it is traced is not an Exception: it escapes trace_entry and ends "
-    "pallasopt with the kernel's exit code and no message (patch: cli.main or trace_entry turns it into a KernelError)",
-)
 def test_entry_calling_sys_exit_is_a_user_error(capsys, k) -> None:
     try:
         line = error_line(capsys, 3, ["analyze", str(k["exits_in_entry"])])
@@ -307,11 +292,6 @@ def test_entry_calling_sys_exit_is_a_user_error(capsys, k) -> None:
     assert line.startswith(f"{k['exits_in_entry']}:13: ")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tile.predict raises ValueError('grid extent not integral'), which escapes TilePass.apply as an internal "
-    "error (exit 70) instead of a decline (patch: catch it in TilePass.apply/predict)",
-)
 @pytest.mark.parametrize("size", [384, 100, 4096])
 def test_tile_size_that_does_not_divide_the_dims_declines(capsys, k, size) -> None:
     assert main(["apply", str(k["good"]), "-p", f"tile{{BM={size}}}", "--diff"]) == 0

@@ -16,7 +16,9 @@ class CheckResult:
     """The oracle's verdict on one kernel source."""
 
     ok: bool
-    status: str  # pass | mismatch | nan | shape | race | error | timeout | crash
+    # pass | mismatch | nan | shape | race | coverage | calls-reference | reference-kernel | overflow |
+    # nondeterministic | error | timeout | crash (docs/errors.md)
+    status: str
     message: str
     dims: Mapping[str, int] = field(default_factory=dict)
     seeds: tuple[int, ...] = ()
