@@ -122,10 +122,11 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     elif result.ok:
         console.print(
             f"[green]PASS[/] {args.file}: {len(result.seeds)} seeds at dims {dict(result.dims)} ({result.mode}), "
-            f"max rel err {result.max_rel_err:.2e}, {result.wall_s:.1f} s"
+            f"max rel err {result.max_rel_err:.2e}, {result.wall_s:.1f} s",
+            soft_wrap=True,
         )
     else:
-        console.print(f"[red]FAIL[/] {args.file}: {result.status}: {result.message}")
+        console.print(f"[red]FAIL[/] {args.file}: {result.status}: {result.message}", soft_wrap=True)
     return ExitCode.OK if result.ok else ExitCode.CHECK_FAILED
 
 
@@ -160,7 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print("pallasopt: interrupted")
         code = 130
     except Exception:
-        err.print("pallasopt: internal error (a bug in pallasopt; please report it with this traceback):")
+        err.print(
+            "pallasopt: internal error (a bug in pallasopt; please report it with this traceback):", soft_wrap=True
+        )
         err.print(traceback.format_exc(), markup=False)
         code = ExitCode.INTERNAL
     return code

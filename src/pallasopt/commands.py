@@ -84,7 +84,13 @@ def _add_import(sub: Any) -> None:
     p.set_defaults(handler=lambda args, console: __import__("pallasopt.adapters").adapters.import_main(args.rest))
 
 
-ADDERS: tuple[Callable[[Any], None], ...] = (_add_apply, _add_run, _add_replay, _add_db, _add_import)
+def _add_bench(sub: Any) -> None:
+    from .bench import ADD_BENCH
+
+    ADD_BENCH(sub)
+
+
+ADDERS: tuple[Callable[[Any], None], ...] = (_add_apply, _add_run, _add_replay, _add_db, _add_import, _add_bench)
 
 
 def _print_source(console: Console, title: str, source: str) -> None:
