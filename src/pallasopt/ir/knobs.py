@@ -20,7 +20,7 @@ from .facts import CallFacts
 from .trace import trace_calls
 
 PROTECTED_FUNCTIONS = ("reference", "make_inputs", "hand_tuned")
-PROTECTED_NAMES = ("TOLERANCE", "CHECK_DIMS", "ENTRY")
+PROTECTED_NAMES = ("TOLERANCE", "CHECK_DIMS", "ENTRY", "OVERFLOW_CHECK")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 from ..errors import KernelError
 from ..workload import inspect_source
 
-PROTECTED = ("reference", "make_inputs", "hand_tuned", "TOLERANCE", "CHECK_DIMS", "ENTRY")
+PROTECTED = ("reference", "make_inputs", "hand_tuned", "TOLERANCE", "CHECK_DIMS", "ENTRY", "OVERFLOW_CHECK")
 ORACLE_NAMES = frozenset({"reference", "hand_tuned"})
 ORACLE_INPUTS = ("reference", "make_inputs", "TOLERANCE", "CHECK_DIMS")  # what decides the verdict
 ALLOWED_IMPORT_ROOTS = frozenset(

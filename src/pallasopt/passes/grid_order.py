@@ -88,6 +88,14 @@ class GridOrderPass(Pass):
         _renumber_program_ids(loc, node, inv, edits)
         _permute_semantics(loc, node, perm, edits)
         new = ir.with_module(replace_many(loc.wrapper.module, edits), self.spec())
+        for before, after in zip(ir.calls, new.calls, strict=True):
+            if before.index != self.call:
+                check(
+                    before.grid == after.grid
+                    and [o.index_map.depends_on for o in before.operands]
+                    == [o.index_map.depends_on for o in after.operands],
+                    f"the rewrite also changed pallas_call #{after.index} (they share code); not reordered",
+                )
         got = new.calls[self.call]
         check(got.grid == tuple(facts.grid[a] for a in perm), f"the rewrite traced to grid {got.grid}")
         for o_old, o_new in zip(facts.operands, got.operands, strict=True):
