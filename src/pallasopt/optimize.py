@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -105,11 +106,28 @@ def resolve_target(name: str) -> Chip:
         raise UsageError(str(e)) from None
 
 
+@functools.cache
+def code_digest() -> str:
+    """Digest of pallasopt's own source: evaluations cached by other code (another oracle, cost model or pass
+    version) are never reused, even between releases with the same version number."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def _versions() -> dict[str, str]:
     import jax
     import jaxlib
 
-    out = {"pallasopt": __version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__}
+    out = {
+        "pallasopt": __version__,
+        "pallasopt_code": code_digest(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+    }
     try:
         import importlib.metadata as md
 

@@ -21,7 +21,7 @@ from ..ir.kernel_ir import KernelIR
 from ..passes.base import Pass
 from .tiers import Evaluator, TierResult
 
-PRUNE_FACTOR = 3  # candidates per beam slot that survive the model tier into the compiler tier
+PRUNE_FACTOR = 2  # candidates per beam slot that survive the model tier into the compiler tier
 
 
 @dataclass
@@ -167,8 +167,11 @@ def beam_search(
             assert c.ir is not None
             c.results["model"] = evaluator.model(c.ir)
             evaluations += 1
-        alive = sorted((c for c in children if c.passed("model")), key=lambda n: n.results["model"].time_s or 0.0)
-        alive = alive[: config.beam * PRUNE_FACTOR]
+        alive = sorted(
+            (c for c in children if c.passed("model")),
+            key=lambda n: (n.results["model"].time_s or 0.0, len(n.recipe), n.spec),
+        )
+        alive = _one_per_signature(alive)[: config.beam * PRUNE_FACTOR]
         if score_tier in ("compiler", "hardware"):
             with ThreadPoolExecutor(jobs) as pool:
                 for c, r in zip(alive, pool.map(lambda n: evaluator.compiler(n.ir), alive), strict=True):
@@ -229,6 +232,29 @@ def beam_search(
         wall_s=time.perf_counter() - start,
         evaluations=evaluations,
     )
+
+
+def _signature(n: Node) -> tuple[object, ...]:
+    """Candidates with the same blocks, grid, buffering and model time are the same to every tier we rank with
+    (e.g. three vmem-limit values that all fit): compile and check one of them."""
+    assert n.ir is not None
+    t = n.results["model"].time_s or 0.0
+    shape = tuple(
+        (c.grid, tuple((o.block_shape, o.buffer_count) for o in c.operands), c.dimension_semantics, len(c.scratch))
+        for c in n.ir.calls
+    )
+    return (round(t, 12), shape)
+
+
+def _one_per_signature(nodes: list[Node]) -> list[Node]:
+    seen: set[tuple[object, ...]] = set()
+    out = []
+    for n in nodes:
+        key = _signature(n)
+        if key not in seen:
+            seen.add(key)
+            out.append(n)
+    return out
 
 
 def _expand(state: Node, choice: Pass, nodes: dict[str, Node], say: ProgressFn) -> Node | None:

@@ -150,6 +150,11 @@ class Tiers:
         rep = compile_module(
             ir.source, ir.path, ir.entry, dims, self.chip.name, steps_scale=scale, timeout_s=self.compile_timeout_s
         )
+        if not rep.ok and rep.error_kind != "vmem_oom" and scale != 1.0:
+            # The reduced dims can break a module's own invariants (e.g. query heads < KV heads): compile the real
+            # size instead (slower with the profile, but the answer is for the size the user asked about).
+            dims, scale = dict(ir.dims), 1.0
+            rep = compile_module(ir.source, ir.path, ir.entry, dims, self.chip.name, timeout_s=self.compile_timeout_s)
         data = {"dims": dims, "steps_scale": scale, "report": _report_dict(rep)}
         if not rep.ok:
             return TierResult("compiler", False, None, f"{rep.error_kind}: {rep.error}", data)
