@@ -68,7 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .errors import ExitCode, KernelError, UsageError, UserError
-from .workload import exec_module, read_file
+from .workload import exec_module, read_file, user_line
 
 Signature = tuple[tuple[Any, ...], ...]
 DIMS_GLOBAL = "__pallasopt_dims__"
@@ -294,15 +294,6 @@ def _require(
                 else f"a {fmt} defines {', '.join(needed)}"
             )
             raise KernelError(f"no `{name}` ({what})", path=path, line=1, hint=hint)
-
-
-def _line_in(exc: BaseException, path: str) -> int | None:
-    line, tb = None, exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == path:
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    return line
 
 
 def _short(e: BaseException, limit: int = 240) -> str:
@@ -661,7 +652,7 @@ def _survey(bridge: _Bridge, source: str, builder: str, notes: list[str]) -> int
         raise KernelError(
             f"{builder}() failed at the default dims: {type(e).__name__}: {_short(e)}",
             path=path,
-            line=_line_in(e, path),
+            line=user_line(e, path),
             hint=f"make_inputs runs {builder} under jax.eval_shape at the default dims",
         ) from None
     closed = jax.make_jaxpr(lambda k: bridge.make_inputs(k))(key)

@@ -176,7 +176,7 @@ def exec_module(source: str, path: str) -> types.ModuleType:
         raise KernelError(
             f"importing the module called sys.exit({e.code!r})",
             path=path,
-            line=_user_line(e, path),
+            line=user_line(e, path),
             hint="the file must import on its own without exiting (guard scripts with `if __name__ == '__main__':`)",
         ) from None
     except Exception as e:
@@ -184,13 +184,13 @@ def exec_module(source: str, path: str) -> types.ModuleType:
         raise KernelError(
             f"importing the module failed: {type(e).__name__}: {e}",
             path=path,
-            line=_user_line(e, path),
+            line=user_line(e, path),
             hint="the file must import on its own",
         ) from None
     return module
 
 
-def _user_line(exc: BaseException, path: str) -> int | None:
+def user_line(exc: BaseException, path: str) -> int | None:
     """The innermost traceback line inside `path`, if any."""
     line = None
     tb = exc.__traceback__

@@ -16,7 +16,7 @@ import jax.extend.core
 import numpy as np
 
 from ..errors import KernelError
-from ..workload import Workload
+from ..workload import Workload, user_line
 from .facts import BodyStats, CallFacts, Dot, IndexMap, Operand, Scratch, dtype_bytes
 
 TRANSCENDENTAL = frozenset(
@@ -97,7 +97,7 @@ def arg_structs(workload: Workload, dims: Mapping[str, int] | None = None) -> tu
         raise KernelError(
             f"make_inputs failed at dims {d}: {type(e).__name__}: {_short(e)}",
             path=workload.path,
-            line=_line_in(e, workload.path) or workload.spec.make_inputs_line,
+            line=user_line(e, workload.path) or workload.spec.make_inputs_line,
             hint="make_inputs(key, **dims) must build the inputs with jax.random from the key",
         ) from None
     return tuple(out) if isinstance(out, tuple | list) else (out,)
@@ -106,16 +106,6 @@ def arg_structs(workload: Workload, dims: Mapping[str, int] | None = None) -> tu
 def _short(e: BaseException, limit: int = 300) -> str:
     text = " ".join(str(e).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _line_in(e: BaseException, path: str) -> int | None:
-    line = None
-    tb = e.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == path:
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    return line
 
 
 def trace_entry(workload: Workload, dims: Mapping[str, int] | None = None) -> Any:
@@ -127,7 +117,7 @@ def trace_entry(workload: Workload, dims: Mapping[str, int] | None = None) -> An
         raise KernelError(
             f"tracing the entry {workload.spec.entry!r} failed: {type(e).__name__}: {_short(e)}",
             path=workload.path,
-            line=_line_in(e, workload.path) or workload.spec.entry_line,
+            line=user_line(e, workload.path) or workload.spec.entry_line,
             hint="the entry must trace with jax.make_jaxpr at the default dims",
         ) from None
 

@@ -33,7 +33,7 @@ def _roofline_plot(path: Path, base: KernelIR, best: KernelIR, chip: Chip) -> No
         ax.text(left, i, f"  est. {est.time_s * 1e3:.3f} ms", va="center")
     ax.set_yticks([0, 1], ["baseline", "best"])
     ax.set_xlabel(f"ms on {chip.name} (model; components overlap, the estimate is their roofline max)")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
