@@ -168,7 +168,9 @@ _STAGE_KIND = {
 
 
 def _child_env(dump_dir: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
+    from ..config import child_env
+
+    env = child_env()  # no credentials of any kind in the child (config.py reads the environment)
     if dump_dir is not None:
         env["LIBTPU_INIT_ARGS"] = f"{env.get('LIBTPU_INIT_ARGS', '')} {PROFILE_FLAG}={dump_dir}".strip()
     env["TPU_SKIP_MDS_QUERY"] = "1"
