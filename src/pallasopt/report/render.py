@@ -149,6 +149,15 @@ def _ms(t: Any) -> str:
     return "-" if t is None else f"{float(t) * 1e3:.3f} ms"
 
 
+def _inline(text: str) -> str:
+    """Escape, then render **bold** and `code` spans."""
+    import re
+
+    out = html.escape(text)
+    out = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", out)
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+
+
 def _html(md: str) -> str:
     """A minimal Markdown-to-HTML rendering (headings, lists, code blocks, tables, images) without a dependency."""
     out = [
@@ -173,21 +182,21 @@ def _html(md: str) -> str:
             if not in_table:
                 out.append("<table>")
                 in_table = True
-            out.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+            out.append("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in cells) + "</tr>")
             continue
         if in_table:
             out.append("</table>")
             in_table = False
         if line.startswith("#"):
             level = len(line) - len(line.lstrip("#"))
-            out.append(f"<h{level}>{html.escape(line.lstrip('#').strip())}</h{level}>")
+            out.append(f"<h{level}>{_inline(line.lstrip('#').strip())}</h{level}>")
         elif line.startswith("- "):
-            out.append(f"<li>{html.escape(line[2:])}</li>")
+            out.append(f"<li>{_inline(line[2:])}</li>")
         elif line.startswith("!["):
             src = line[line.index("(") + 1 : line.index(")")]
             out.append(f"<img src='{html.escape(src)}' style='max-width:100%'>")
         elif line.strip():
-            out.append(f"<p>{html.escape(line)}</p>")
+            out.append(f"<p>{_inline(line)}</p>")
     if in_table:
         out.append("</table>")
     return "\n".join(out)
