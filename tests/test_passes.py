@@ -290,3 +290,31 @@ def test_accumulate_in_scratch(example_irs) -> None:
 def test_accumulate_in_scratch_declines_without_reduction(example_irs) -> None:
     with pytest.raises(PassNotApplicable, match="not accumulated"):
         apply(example_irs["softmax"], "accumulate-in-scratch{call=0,output=0}")
+
+
+def test_dma_overlap_double_buffers_a_serialized_copy() -> None:
+    from conftest import TEST_KERNELS
+
+    from pallasopt.harness.check import check
+
+    ir = KernelIR.from_file(TEST_KERNELS / "dma_copy_scale.py")
+    assert ir.calls[0].body.dma_serialized
+    new = apply(ir, "dma-overlap{call=0}")
+    got = [line for sign, line in changed_lines(ir.source, new.source) if sign == "+"]
+    assert "return pltpu.make_async_copy(x_hbm.at[pl.ds(step * BLOCK, BLOCK)], buf.at[slot], sem.at[slot])" in got
+    assert "_copy_for(i + 1, 1 - _copy_slot).start()" in got
+    assert "scratch_shapes=[pltpu.VMEM((2, BLOCK, n), jnp.float32), pltpu.SemaphoreType.DMA((2,))]," in got
+    assert not new.calls[0].body.dma_serialized
+    assert new.calls[0].scratch[0].shape[0] == 2
+    r = check(new.source, str(TEST_KERNELS / "dma_copy_scale.py"))
+    assert r.ok and r.mode == "interpret-tpu-races", r.message  # the race detector saw no race
+
+
+def test_dma_overlap_declines(example_irs) -> None:
+    from conftest import TEST_KERNELS
+
+    with pytest.raises(PassNotApplicable, match="no manual DMA"):
+        apply(example_irs["softmax"], "dma-overlap{call=0}")
+    racy = KernelIR.from_file(TEST_KERNELS / "dma_race.py")  # its wait is not right after the start
+    with pytest.raises(PassNotApplicable, match="started and waited on at once"):
+        apply(racy, "dma-overlap{call=0}")

@@ -265,6 +265,9 @@ def estimate_call(call: CallFacts, chip: Chip, order: Sequence[int] | None = Non
     dma_total = total_bytes / bw
     edge = (first_bytes + last_bytes) / bw
     body_time = max(dma_total, compute_total + overhead_total)
+    if call.body.dma_serialized:  # each transfer waits before any compute starts: nothing overlaps
+        body_time = dma_total + compute_total + overhead_total
+        notes.append("manual DMA is started and waited on at once: transfers do not overlap compute (dma-overlap)")
     time_s = body_time + edge
     if dma_total >= compute_total + overhead_total:
         bound = "memory"

@@ -142,6 +142,7 @@ class BodyStats:
     primitives: tuple[str, ...] = ()
     max_temp_bytes: int = 0  # largest intermediate value in the body
     max_reduced_bytes: int = 0  # largest value a reduction consumes (the compiler keeps one copy in VMEM)
+    dma_serialized: bool = False  # a manual copy is waited on right after it starts (no overlap with compute)
 
     @property
     def mxu_flops(self) -> int:

@@ -401,6 +401,24 @@ def _conditional_axes(jaxpr: Any) -> tuple[int, ...]:
     return tuple(sorted(found))
 
 
+def _dma_serialized(jaxpr: Any) -> bool:
+    """A copy started and waited on with no compute between (at the kernel's top level): the transfer cannot
+    overlap anything, so its time adds to the step's compute instead of hiding under it."""
+    eqns = list(jaxpr.eqns)
+    for i, eqn in enumerate(eqns):
+        if eqn.primitive.name != "dma_start":
+            continue
+        for later in eqns[i + 1 :]:
+            name = later.primitive.name
+            if name == "dma_wait":
+                return True
+            if name in ("dot_general", "cond", "while", "scan") or (
+                name not in STRUCTURAL and any(math.prod(getattr(v.aval, "shape", ())) > 1 for v in later.outvars)
+            ):
+                break
+    return False
+
+
 def body_stats(kernel_jaxpr: Any, grid: tuple[int, ...] = ()) -> BodyStats:
     acc = _new_acc()
     _count_body(kernel_jaxpr, 1, acc, grid)
@@ -418,6 +436,7 @@ def body_stats(kernel_jaxpr: Any, grid: tuple[int, ...] = ()) -> BodyStats:
         primitives=tuple(sorted(acc["prims"])),
         max_temp_bytes=int(acc["temp"]),
         max_reduced_bytes=int(acc["reduced"]),
+        dma_serialized=_dma_serialized(kernel_jaxpr),
     )
 
 

@@ -10,6 +10,7 @@ from .accumulate import AccumulateInScratchPass
 from .base import Pass
 from .cost_estimate import CostEstimatePass
 from .dimension_semantics import DimensionSemanticsPass
+from .dma_overlap import DmaOverlapPass
 from .grid_order import GridOrderPass
 from .llm_rewrite import LLMRewritePass
 from .single_buffer import SingleBufferPass
@@ -23,6 +24,7 @@ PASSES: tuple[type[Pass], ...] = (
     SingleBufferPass,
     GridOrderPass,
     AccumulateInScratchPass,
+    DmaOverlapPass,
     CostEstimatePass,
     LLMRewritePass,
 )
