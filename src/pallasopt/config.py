@@ -70,6 +70,5 @@ class SearchConfig:
     seed: int = 0
     llm: bool = False
     compile: bool = True  # use the deviceless TPU compiler tier when libtpu is installed
-    check_top: int = 4  # correctness-check this many of the best candidates per beam step
     jobs: int = 1
     passes: tuple[str, ...] = field(default_factory=tuple)  # restrict to these pass names (empty: all)

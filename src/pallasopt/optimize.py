@@ -358,11 +358,3 @@ def _from_row(row: Mapping[str, Any], wall_s: float) -> Result:
         report_path=row.get("report_path"),
         nodes=tuple(row.get("nodes") or ()),
     )
-
-
-def digest_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def dumps(result: Result) -> str:
-    return json.dumps(result.to_dict(), indent=1)

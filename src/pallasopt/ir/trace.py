@@ -6,7 +6,6 @@ Nothing is run: inputs are `jax.eval_shape` structs, the entry goes through `jax
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -534,13 +533,3 @@ def trace_calls(workload: Workload, dims: Mapping[str, int] | None = None) -> tu
             line=workload.spec.entry_line,
             hint="pallasopt supports jax 0.10.x; please report this",
         ) from None
-
-
-def grid_points(grid: Sequence[int], order: Sequence[int] | None = None) -> Iterator[tuple[int, ...]]:
-    """Grid indices in execution order (last axis fastest; `order` permutes which axis is outermost)."""
-    axes = list(order) if order is not None else list(range(len(grid)))
-    for combo in itertools.product(*(range(grid[a]) for a in axes)):
-        idx = [0] * len(grid)
-        for a, v in zip(axes, combo, strict=True):
-            idx[a] = v
-        yield tuple(idx)

@@ -230,7 +230,3 @@ def _scaled_body(body: BodyStats, ratios: list[tuple[int, int]]) -> BodyStats:
         max_temp_bytes=round(body.max_temp_bytes * factor),
         max_reduced_bytes=round(body.max_reduced_bytes * factor),
     )
-
-
-def _steps(call: CallFacts) -> int:
-    return math.prod(call.grid)

@@ -15,7 +15,6 @@ from ..cost_model.hardware import Chip
 from ..cost_model.roofline import estimate_calls
 from ..ir.kernel_ir import KernelIR
 
-TIER_ORDER = ("model", "compiler", "check", "hardware")
 TIER_LABEL = {
     "model": "model (roofline)",
     "compiler": "compiler estimate (libtpu static schedule, no TPU)",
