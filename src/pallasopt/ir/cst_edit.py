@@ -274,3 +274,17 @@ def kernel_function(loc: Located, call: cst.Call) -> cst.FunctionDef | None:
             return None
         hops += 1
     return None
+
+
+def grid_spec_keyword(loc: Located, call: cst.Call, key: str) -> tuple[cst.Call, cst.Arg | None]:
+    """A pallas_call keyword (`grid`, `scratch_shapes`, ...) given directly or inside its `grid_spec=GridSpec(...)`:
+    the call that holds it and the argument (None when absent)."""
+    arg = keyword(call, key)
+    if arg is None:
+        gs = keyword(call, "grid_spec")
+        val = gs.value if gs is not None else None
+        while isinstance(val, cst.Name):
+            val = resolve_local(loc, call, val.value)
+        if isinstance(val, cst.Call):
+            return val, keyword(val, key)
+    return call, arg

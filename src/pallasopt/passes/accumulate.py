@@ -149,19 +149,13 @@ def _rewrite_kernel(kernel: cst.FunctionDef, out: str, acc: str, axis: int, pl: 
 def _add_scratch(
     loc: Located, call: cst.Call, scratch: cst.BaseExpression, edits: dict[cst.CSTNode, cst.CSTNode]
 ) -> None:
-    from ..ir.cst_edit import resolve_local, set_keyword
+    from ..ir.cst_edit import grid_spec_keyword, set_keyword
 
-    holder = call
-    arg = keyword(call, "scratch_shapes")
-    gs = keyword(call, "grid_spec")
-    if arg is None and gs is not None:
-        val = gs.value
-        while isinstance(val, cst.Name):
-            val = resolve_local(loc, call, val.value)  # type: ignore[assignment]
-        check(isinstance(val, cst.Call), "the grid spec is not a GridSpec(...) call pallasopt can edit")
-        assert isinstance(val, cst.Call)
-        holder = val
-        arg = keyword(val, "scratch_shapes")
+    holder, arg = grid_spec_keyword(loc, call, "scratch_shapes")
+    check(
+        holder is not call or keyword(call, "grid_spec") is None,
+        "the grid spec is not a GridSpec(...) call pallasopt can edit",
+    )
     if arg is None:
         edits[holder] = set_keyword(holder, "scratch_shapes", cst.List([cst.Element(scratch)]))
         return

@@ -10,7 +10,7 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import check
-from ..ir.cst_edit import Located, find_call_node, kernel_function, keyword, replace_many, resolve_local
+from ..ir.cst_edit import Located, find_call_node, grid_spec_keyword, kernel_function, replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from .base import Pass
@@ -197,16 +197,8 @@ def _double_scratch(
     check(n_scratch >= 2 and len(params) >= n_scratch, "the kernel's scratch parameters do not match")
     scratch_params = params[len(params) - n_scratch :]
     check(site.dst in scratch_params and site.sem in scratch_params, "the copy's buffer or semaphore is not scratch")
-    arg = keyword(call, "scratch_shapes")
-    holder_val: cst.BaseExpression | None = arg.value if arg is not None else None
-    if arg is None:
-        gs = keyword(call, "grid_spec")
-        val = gs.value if gs is not None else None
-        while isinstance(val, cst.Name):
-            val = resolve_local(loc, call, val.value)
-        if isinstance(val, cst.Call):
-            inner = keyword(val, "scratch_shapes")
-            holder_val = inner.value if inner is not None else None
+    _holder, arg = grid_spec_keyword(loc, call, "scratch_shapes")
+    holder_val = arg.value if arg is not None else None
     check(isinstance(holder_val, cst.List | cst.Tuple), "scratch_shapes is not a literal list")
     assert isinstance(holder_val, cst.List | cst.Tuple)
     elems = [e.value for e in holder_val.elements]

@@ -12,7 +12,16 @@ import libcst.matchers as m
 from ..cost_model.hardware import Chip
 from ..cost_model.roofline import estimate_call
 from ..errors import check
-from ..ir.cst_edit import Located, find_call_node, kernel_function, keyword, replace_many, resolve_local, spec_nodes
+from ..ir.cst_edit import (
+    Located,
+    find_call_node,
+    grid_spec_keyword,
+    kernel_function,
+    keyword,
+    replace_many,
+    resolve_local,
+    spec_nodes,
+)
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from .base import Pass
@@ -104,20 +113,8 @@ class GridOrderPass(Pass):
         return new
 
 
-def _holder(loc: Located, call: cst.Call, key: str) -> tuple[cst.Call, cst.Arg | None]:
-    arg = keyword(call, key)
-    if arg is None:
-        gs = keyword(call, "grid_spec")
-        val = gs.value if gs is not None else None
-        while isinstance(val, cst.Name):
-            val = resolve_local(loc, call, val.value)
-        if isinstance(val, cst.Call):
-            return val, keyword(val, key)
-    return call, arg
-
-
 def _permute_grid(loc: Located, call: cst.Call, perm: tuple[int, ...], edits: dict[cst.CSTNode, cst.CSTNode]) -> None:
-    holder, arg = _holder(loc, call, "grid")
+    holder, arg = grid_spec_keyword(loc, call, "grid")
     check(arg is not None, "the pallas_call has no grid= pallasopt can find")
     assert arg is not None
     grid = arg.value
