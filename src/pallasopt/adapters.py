@@ -67,7 +67,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import ExitCode, KernelError, UsageError, UserError
+from .errors import ExitCode, KernelError, UsageError, UserError, short
 from .workload import exec_module, read_file, user_line
 
 Signature = tuple[tuple[Any, ...], ...]
@@ -294,11 +294,6 @@ def _require(
                 else f"a {fmt} defines {', '.join(needed)}"
             )
             raise KernelError(f"no `{name}` ({what})", path=path, line=1, hint=hint)
-
-
-def _short(e: BaseException, limit: int = 240) -> str:
-    text = " ".join(str(e).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _positional_names(fn: Callable[..., Any]) -> tuple[list[str], bool]:
@@ -650,7 +645,7 @@ def _survey(bridge: _Bridge, source: str, builder: str, notes: list[str]) -> int
         raise
     except Exception as e:
         raise KernelError(
-            f"{builder}() failed at the default dims: {type(e).__name__}: {_short(e)}",
+            f"{builder}() failed at the default dims: {type(e).__name__}: {short(e, 240)}",
             path=path,
             line=user_line(e, path),
             hint=f"make_inputs runs {builder} under jax.eval_shape at the default dims",
@@ -677,7 +672,7 @@ def _survey(bridge: _Bridge, source: str, builder: str, notes: list[str]) -> int
     try:
         jax.eval_shape(bridge.reference, *structs)
     except Exception as e:
-        notes.append(f"the reference does not trace at the default dims: {type(e).__name__}: {_short(e, 120)}")
+        notes.append(f"the reference does not trace at the default dims: {type(e).__name__}: {short(e, 120)}")
     calls = (n.func for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call))
     if any(
         (isinstance(f, ast.Attribute) and f.attr == "pallas_call")

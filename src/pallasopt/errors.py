@@ -53,6 +53,12 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def short(e: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line, cut to `limit` characters."""
+    text = one_line(str(e))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class KernelError(UserError):
     """The kernel module is malformed or cannot be traced."""
 

@@ -14,7 +14,7 @@ import jax
 import jax.extend.core
 import numpy as np
 
-from ..errors import KernelError
+from ..errors import KernelError, short
 from ..workload import Workload, user_line
 from .facts import BodyStats, CallFacts, Dot, IndexMap, Operand, Scratch, dtype_bytes
 
@@ -94,17 +94,12 @@ def arg_structs(workload: Workload, dims: Mapping[str, int] | None = None) -> tu
         out = jax.eval_shape(lambda: workload.make_inputs(jax.random.key(0), **d))
     except (Exception, SystemExit) as e:
         raise KernelError(
-            f"make_inputs failed at dims {d}: {type(e).__name__}: {_short(e)}",
+            f"make_inputs failed at dims {d}: {type(e).__name__}: {short(e)}",
             path=workload.path,
             line=user_line(e, workload.path) or workload.spec.make_inputs_line,
             hint="make_inputs(key, **dims) must build the inputs with jax.random from the key",
         ) from None
     return tuple(out) if isinstance(out, tuple | list) else (out,)
-
-
-def _short(e: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(e).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def trace_entry(workload: Workload, dims: Mapping[str, int] | None = None) -> Any:
@@ -114,7 +109,7 @@ def trace_entry(workload: Workload, dims: Mapping[str, int] | None = None) -> An
         return jax.make_jaxpr(workload.entry)(*structs)
     except (Exception, SystemExit) as e:
         raise KernelError(
-            f"tracing the entry {workload.spec.entry!r} failed: {type(e).__name__}: {_short(e)}",
+            f"tracing the entry {workload.spec.entry!r} failed: {type(e).__name__}: {short(e)}",
             path=workload.path,
             line=user_line(e, workload.path) or workload.spec.entry_line,
             hint="the entry must trace with jax.make_jaxpr at the default dims",
@@ -528,7 +523,7 @@ def trace_calls(workload: Workload, dims: Mapping[str, int] | None = None) -> tu
         return tuple(call_facts(e, i, workload.path) for i, e in enumerate(eqns))
     except Exception as e:  # a JAX version whose internals moved: our bug, but say where
         raise KernelError(
-            f"reading the traced pallas_call failed: {type(e).__name__}: {_short(e)}",
+            f"reading the traced pallas_call failed: {type(e).__name__}: {short(e)}",
             path=workload.path,
             line=workload.spec.entry_line,
             hint="pallasopt supports jax 0.10.x; please report this",
