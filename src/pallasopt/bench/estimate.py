@@ -1,0 +1,184 @@
+"""The compiler's estimates of a kernel module's XLA `reference` and `hand_tuned` functions (no TPU needed)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..cost_model.hardware import Chip
+from ..ir.kernel_ir import KernelIR
+from .rows import Estimate
+
+ESTIMATE_VERSION = 1  # bump when the estimate method changes: it keys the estimate cache
+
+
+class Estimator(Protocol):
+    def __call__(self, ir: KernelIR, fn: str) -> Estimate: ...
+
+
+def loop_trips(jaxpr: Any) -> tuple[int, bool]:
+    """(trip-count product of the heaviest nest of `scan`s, whether a `while` of unknown count was seen).
+
+    libtpu's static profile and XLA's cost analysis count a loop body once, whatever its trip count.
+    """
+    best, unknown = 1, False
+    for eqn in jaxpr.eqns:
+        inner = 1
+        for value in eqn.params.values():
+            for item in value if isinstance(value, tuple | list) else (value,):
+                sub = item if hasattr(item, "eqns") else getattr(item, "jaxpr", None)
+                if sub is not None and hasattr(sub, "eqns") and eqn.primitive.name != "pallas_call":
+                    n, u = loop_trips(sub)
+                    inner, unknown = max(inner, n), unknown or u
+        if eqn.primitive.name == "scan":
+            inner *= int(eqn.params["length"])
+        unknown = unknown or eqn.primitive.name == "while"
+        best = max(best, inner)
+    return best, unknown
+
+
+def _work(rep: Any) -> tuple[float, float]:
+    cost = dict(rep.cost_analysis) if rep is not None and rep.ok else {}
+    return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    import jax
+    import jaxlib
+
+    from .. import __version__
+
+    try:
+        libtpu = md.version("libtpu")
+    except md.PackageNotFoundError:
+        libtpu = "absent"
+    return {"pallasopt": __version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__, "libtpu": libtpu}
+
+
+class CompilerEstimator:
+    """Deviceless-compiler estimates of `reference` (pure XLA) and `hand_tuned`, cached in a JSON file.
+
+    Reference: compiled at the default dims when XLA's cost analysis predicts <= `direct_limit_s` of work (libtpu's
+    profile of a bigger XLA op takes minutes), else at smaller dims from the kernel's `reduce_dims_for_compile`
+    (about that much work) scaled by the reference's FLOP ratio default/reduced. Time = max(static estimate, XLA's
+    bytes accessed / HBM bandwidth), both times the trip count of a `scan` in the reference (the profile counts a
+    loop body once). Hand-tuned: the kernel's own compiler tier, run on `hand_tuned` as the entry.
+    """
+
+    def __init__(
+        self, chip: Chip, cache_path: Path | None, *, timeout_s: float = 240.0, direct_limit_s: float = 1e-3
+    ) -> None:
+        self.chip = chip
+        self.cache_path = cache_path
+        self.timeout_s = timeout_s
+        self.direct_limit_s = direct_limit_s
+        self.cache: dict[str, Any] = {}
+        if cache_path is not None and cache_path.exists():
+            try:
+                self.cache = json.loads(cache_path.read_text())
+            except (OSError, json.JSONDecodeError):
+                self.cache = {}
+        self.versions = _versions()
+
+    def __call__(self, ir: KernelIR, fn: str) -> Estimate:
+        key_src = [ESTIMATE_VERSION, ir.digest, fn, dict(ir.dims), self.chip.name, self.versions, self.direct_limit_s]
+        key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:24]
+        if key in self.cache:
+            return Estimate.from_dict(self.cache[key])
+        t0 = time.perf_counter()
+        try:
+            est = self._hand_tuned(ir) if fn == "hand_tuned" else None
+            est = est or self._generic(ir, fn)
+        except Exception as e:  # an estimate is a side figure: its failure is data, never the end of the bench
+            est = Estimate(fn, None, error=f"{type(e).__name__}: {e}"[:300])
+        est = replace(est, wall_s=time.perf_counter() - t0)
+        if est.error is None and self.cache_path is not None:
+            from ..optimize import write_atomic
+
+            self.cache[key] = est.to_dict()
+            write_atomic(self.cache_path, json.dumps(self.cache, indent=1))
+            self.cache_path.chmod(0o644)
+        return est
+
+    def _hand_tuned(self, ir: KernelIR) -> Estimate | None:
+        """The compiler tier of `hand_tuned` as if it were the entry; None when its pallas_calls cannot be read."""
+        from ..ir.trace import trace_calls
+        from ..search.tiers import Tiers
+
+        assert ir.workload is not None
+        w = replace(ir.workload, spec=replace(ir.workload.spec, entry="hand_tuned"))
+        try:
+            calls = trace_calls(w)
+        except Exception:
+            return None  # e.g. a dynamic grid: fall back to the generic path
+        r = Tiers(self.chip, compile_timeout_s=self.timeout_s).compiler(
+            replace(ir, calls=calls, entry="hand_tuned", workload=w)
+        )
+        if r is None:
+            return Estimate("hand_tuned", None, error="compiler tier unavailable (libtpu missing?)")
+        how = f"compiled at {r.data.get('dims')} x {r.data.get('steps_scale', 1.0):g} grid-step ratio"
+        if not r.ok or r.time_s is None:
+            return Estimate("hand_tuned", None, method=how, error=r.message[:300] or "no static estimate")
+        return Estimate("hand_tuned", r.time_s, method=f"{how}; {r.message}")
+
+    def _generic(self, ir: KernelIR, fn: str) -> Estimate:
+        import jax
+
+        from ..cost_model.compiler import compile_module
+        from ..ir.trace import arg_structs
+        from ..search.tiers import reduce_dims_for_compile
+
+        assert ir.workload is not None
+        chip, dims = self.chip, dict(ir.dims)
+        trips, unknown = loop_trips(jax.make_jaxpr(getattr(ir.workload.module, fn))(*arg_structs(ir.workload)).jaxpr)
+        notes = [f"scan body x {trips} trips (assumes the body dominates)"] if trips > 1 else []
+        notes += ["a while loop of unknown trip count is counted once"] if unknown else []
+
+        def compile_at(name: str, d: Mapping[str, int], profile: bool) -> Any:
+            return compile_module(
+                ir.source, ir.path, name, d, chip.name, timeout_s=self.timeout_s, dump_profile=profile
+            )
+
+        probe = compile_at("reference", dims, False)  # XLA's cost analysis of the same work at the default dims
+        flops, nbytes = _work(probe)
+        bw = chip.device_hbm_bw_bytes_s
+        predicted = max(flops / chip.device_peak_bf16_flops, nbytes / bw) if probe.ok else math.inf
+        floor_note = "HBM floor from XLA's bytes accessed" if fn == "reference" else "no HBM floor (Pallas call)"
+        if predicted <= self.direct_limit_s:
+            rep = compile_at(fn, dims, True)
+            if rep.ok and rep.estimated_s is not None:
+                static = rep.estimated_s * trips
+                floor = nbytes * trips / bw if fn == "reference" else 0.0
+                bound = "static schedule" if static >= floor else floor_note
+                return Estimate(fn, max(static, floor), method="; ".join(["at the default dims", bound, *notes]))
+            notes.append(f"default dims failed ({rep.error_kind or rep.note})")
+        # Smaller dims with the kernel's blocks: about `direct_limit_s` of XLA work for the reference (a big op
+        # is estimated more faithfully than a tiny one scaled up), the compiler tier's 256 grid steps otherwise.
+        steps = sum(c.steps for c in ir.calls)
+        wanted = steps * self.direct_limit_s / predicted if fn == "reference" and math.isfinite(predicted) else 0
+        rdims, kscale = reduce_dims_for_compile(ir, max_steps=max(256, int(wanted)))
+        rep = compile_at(fn, rdims, True)
+        if not rep.ok or rep.estimated_s is None:
+            why = f"{rep.error_kind}: {rep.error}" if not rep.ok else (rep.note or "no static estimate")
+            return Estimate(fn, None, method=f"at reduced dims {rdims}", error=why[:300])
+        rflops, rbytes = _work(rep if fn == "reference" else compile_at("reference", rdims, False))
+        if flops and rflops:
+            scale, how = flops / rflops, "the reference's FLOP ratio"
+        elif nbytes and rbytes:
+            scale, how = nbytes / rbytes, "the reference's byte ratio"
+        else:
+            scale, how = kscale, "the kernel's grid-step ratio"
+        static = rep.estimated_s * scale * trips
+        floor = (nbytes or rbytes * scale) * trips / bw if fn == "reference" else 0.0
+        bound = "static schedule" if static >= floor else floor_note
+        method = f"at reduced dims {rdims} x {scale:.4g} ({how})" if rdims != dims else "at the default dims"
+        method += f"; {bound}"
+        return Estimate(fn, max(static, floor), method="; ".join([method, *notes]))

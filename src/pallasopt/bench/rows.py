@@ -1,0 +1,129 @@
+"""Bench rows and the summary math: one kernel's result (`Row`, with the `Estimate`s of its XLA reference and
+hand-tuned kernel), geomeans and KernelBench's fast_p."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+FAST_P = (1.0, 1.5, 2.0)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The compiler's time for one function of a kernel module other than its entry (`reference`, `hand_tuned`)."""
+
+    fn: str
+    time_s: float | None
+    tier: str = "compiler"
+    method: str = ""  # dims compiled at, scaling, loop trip counts, which bound won
+    error: str | None = None
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Estimate:
+        return Estimate(**{k: d[k] for k in Estimate.__dataclass_fields__ if k in d})
+
+
+@dataclass(frozen=True)
+class Row:
+    """One kernel's bench result. `error` set: the search crashed (the other fields are defaults)."""
+
+    kernel: str
+    path: str
+    correct: bool = False
+    tier: str = ""
+    baseline_s: float | None = None
+    best_s: float | None = None
+    speedup: float = 1.0
+    recipe: tuple[str, ...] = ()
+    wall_s: float = 0.0
+    candidates: int = 0
+    stop_reason: str = ""
+    from_cache: bool = False
+    model_baseline_s: float | None = None
+    model_best_s: float | None = None
+    xla: Estimate | None = None
+    hand_tuned: Estimate | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.correct
+
+    def _ratio(self, est: Estimate | None) -> float | None:
+        if est is None or est.time_s is None or not self.best_s or est.tier != self.tier or self.error:
+            return None
+        return est.time_s / self.best_s
+
+    @property
+    def vs_xla(self) -> float | None:
+        """XLA reference time / best time (same tier only)."""
+        return self._ratio(self.xla)
+
+    @property
+    def frac_hand_tuned(self) -> float | None:
+        """Hand-tuned time / best time: above 1 the optimized kernel beats the hand-tuned one."""
+        return self._ratio(self.hand_tuned)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("xla", "hand_tuned", "recipe")}
+        return d | {
+            "recipe": list(self.recipe),
+            "xla": self.xla.to_dict() if self.xla else None,
+            "hand_tuned": self.hand_tuned.to_dict() if self.hand_tuned else None,
+            "vs_xla": self.vs_xla,
+            "frac_hand_tuned": self.frac_hand_tuned,
+        }
+
+
+# ------------------------------------------------------------------------------------------------------ summary
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    xs = list(values)
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def effective_speedup(row: Row) -> float:
+    """What the user gets: the speedup of a verified kernel; 1.0 (the baseline is kept) otherwise."""
+    return row.speedup if row.ok else 1.0
+
+
+def fast_p(rows: Sequence[Row], p: float) -> float:
+    """Share of all kernels that are correct and faster than `p` x (KernelBench's fast_p)."""
+    return sum(1 for r in rows if r.ok and r.speedup > p) / len(rows) if rows else 0.0
+
+
+def summarize(rows: Sequence[Row]) -> dict[str, Any]:
+    eff = [effective_speedup(r) for r in rows]
+    vs_xla = [v for r in rows if (v := r.vs_xla) is not None]
+    frac_ht = [v for r in rows if (v := r.frac_hand_tuned) is not None]
+    done = [r for r in rows if r.error is None]
+    tiers = Counter(r.tier for r in done)
+    one_tier = len(tiers) == 1 and all(r.baseline_s and r.best_s for r in done)
+    return {
+        "kernels": len(rows),
+        "correct": sum(r.ok for r in rows),
+        "errors": sum(r.error is not None for r in rows),
+        "geomean_speedup": geomean(eff),
+        "geomean_speedup_clipped": geomean(max(1.0, s) for s in eff),
+        "fast_p": {f"{p:g}": fast_p(rows, p) for p in FAST_P},
+        "vs_xla_geomean": geomean(vs_xla),
+        "vs_xla_kernels": len(vs_xla),
+        "beats_xla": sum(v > 1.0 for v in vs_xla),
+        "frac_hand_tuned_geomean": geomean(frac_ht),
+        "hand_tuned_kernels": len(frac_ht),
+        "tiers": dict(tiers),
+        "search_wall_s": sum(r.wall_s for r in rows),
+        "estimate_wall_s": sum(e.wall_s for r in rows for e in (r.xla, r.hand_tuned) if e),
+        "candidates": sum(r.candidates for r in rows),
+        "baseline_total_s": sum(r.baseline_s or 0.0 for r in done) if one_tier else None,
+        "best_total_s": sum(r.best_s or 0.0 for r in done) if one_tier else None,
+    }
