@@ -1,0 +1,286 @@
+"""Statistics of a traced kernel body: dots, VPU/EUP work, loads/stores, pl.when weighting, temp bytes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.extend.core
+
+from .facts import BodyStats, Dot, dtype_bytes
+
+TRANSCENDENTAL = frozenset(
+    {
+        "exp",
+        "exp2",
+        "log",
+        "log1p",
+        "expm1",
+        "tanh",
+        "logistic",
+        "erf",
+        "erfc",
+        "erf_inv",
+        "rsqrt",
+        "sqrt",
+        "cbrt",
+        "pow",
+        "sin",
+        "cos",
+        "tan",
+        "atan2",
+        "asin",
+        "acos",
+        "atan",
+        "sinh",
+        "cosh",
+        "asinh",
+        "acosh",
+        "atanh",
+        "lgamma",
+        "digamma",
+        "reciprocal",
+    }
+)
+STRUCTURAL = frozenset(
+    {
+        "get",
+        "swap",
+        "masked_load",
+        "masked_swap",
+        "addupdate",
+        "program_id",
+        "num_programs",
+        "broadcast_in_dim",
+        "reshape",
+        "squeeze",
+        "expand_dims",
+        "multiple_of",
+        "iota",
+        "dma_start",
+        "dma_wait",
+        "semaphore_signal",
+        "semaphore_wait",
+        "semaphore_read",
+        "run_scoped",
+        "cond",
+        "while",
+        "scan",
+        "pjit",
+        "jit",
+        "closed_call",
+        "custom_jvp_call",
+        "custom_vjp_call",
+        "dot_general",
+        "delay",
+        "bitcast",
+    }
+)
+
+
+def _subjaxprs(eqn: Any) -> Iterator[Any]:
+    """Inner jaxprs of an equation (pjit, cond branches, scan/while bodies, custom calls, run_scoped)."""
+    for value in eqn.params.values():
+        items = value if isinstance(value, tuple | list) else (value,)
+        for item in items:
+            if hasattr(item, "eqns"):
+                yield item
+            elif hasattr(item, "jaxpr") and hasattr(item.jaxpr, "eqns"):
+                yield item.jaxpr
+
+
+def _count_body(jaxpr: Any, multiplier: float, acc: dict[str, Any], grid: tuple[int, ...] = ()) -> None:
+    pids: dict[Any, set[int]] = {}  # vars derived from program_id, by grid axis (for pl.when weighting)
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        src: set[int] = set()
+        for v in eqn.invars:
+            if not isinstance(v, jax.extend.core.Literal):
+                src |= pids.get(v, set())
+        if name == "program_id":
+            src = {int(eqn.params["axis"])}
+        for out in eqn.outvars:
+            pids[out] = src
+        acc["prims"].add(name)
+        out_elems = sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
+        for v in eqn.outvars:
+            aval = v.aval
+            if hasattr(aval, "dtype") and not hasattr(aval, "inner_aval") and getattr(aval, "shape", None):
+                acc["temp"] = max(acc["temp"], math.prod(aval.shape) * dtype_bytes(str(aval.dtype)))
+        if name == "dot_general":
+            (lc, rc), (lb, _rb) = eqn.params["dimension_numbers"]
+            lhs, rhs = (v.aval for v in eqn.invars[:2])
+            k = math.prod(lhs.shape[d] for d in lc)
+            batch = math.prod(lhs.shape[d] for d in lb)
+            m = math.prod(s for d, s in enumerate(lhs.shape) if d not in lc and d not in lb)
+            n = math.prod(s for d, s in enumerate(rhs.shape) if d not in rc and d not in _rb)
+            transposed = bool(rc) and rc[0] == len(rhs.shape) - 1
+            acc["dots"].append(
+                Dot(
+                    batch=batch,
+                    m=m,
+                    n=n,
+                    k=k,
+                    lhs_dtype=str(lhs.dtype),
+                    rhs_dtype=str(rhs.dtype),
+                    out_dtype=str(eqn.outvars[0].aval.dtype),
+                    count=multiplier,
+                    transposed_rhs=transposed,
+                )
+            )
+        elif name in ("get", "masked_load"):
+            acc["load"] += multiplier * sum(
+                math.prod(v.aval.shape) * dtype_bytes(str(v.aval.dtype)) for v in eqn.outvars
+            )
+        elif name in ("swap", "masked_swap", "addupdate"):
+            val = eqn.invars[1].aval
+            acc["store"] += multiplier * math.prod(val.shape) * dtype_bytes(str(val.dtype))
+            if name == "addupdate":
+                acc["vpu"] += multiplier * math.prod(val.shape)
+        elif name in ("dma_start", "dma_wait"):
+            acc["dma"] = True
+        elif name.startswith("semaphore"):
+            acc["sem"] = True
+        elif name == "program_id":
+            acc["pid"].add(int(eqn.params["axis"]))
+        elif name in ("reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin", "reduce_prod"):
+            acc["vpu"] += multiplier * sum(math.prod(v.aval.shape) for v in eqn.invars)
+            for v in eqn.invars:
+                if hasattr(v.aval, "dtype") and getattr(v.aval, "shape", None):
+                    acc["reduced"] = max(acc["reduced"], math.prod(v.aval.shape) * dtype_bytes(str(v.aval.dtype)))
+        elif name in TRANSCENDENTAL:
+            acc["eup"] += multiplier * out_elems
+        elif name not in STRUCTURAL:
+            acc["vpu"] += multiplier * out_elems
+        if name == "scan":
+            inner = eqn.params["jaxpr"].jaxpr
+            _count_body(inner, multiplier * int(eqn.params["length"]), acc, grid)
+        elif name == "while":
+            acc["unbounded"] = True
+            _count_body(eqn.params["body_jaxpr"].jaxpr, multiplier, acc, grid)
+        elif name == "cond":
+            # A `pl.when(program_id(a) == 0 / == last)` branch runs on 1 of grid[a] steps: weight the costly branch
+            # by 1/grid[a] and the cheap one by the rest. Conditions not on program_id: count the costly branch.
+            subs = []
+            for br in eqn.params["branches"]:
+                sub = _new_acc()
+                _count_body(br.jaxpr, multiplier, sub, grid)
+                subs.append(sub)
+            if subs:
+                subs.sort(key=_weight)
+                axes = (
+                    pids.get(eqn.invars[0], set()) if not isinstance(eqn.invars[0], jax.extend.core.Literal) else set()
+                )
+                extents = [grid[a] for a in axes if a < len(grid) and grid[a] > 1]
+                p = 1.0 / max(extents) if extents else 1.0
+                _merge(acc, subs[-1], p)
+                if p < 1.0:
+                    _merge(acc, subs[0], 1.0 - p)
+        else:
+            for sub in _subjaxprs(eqn):
+                _count_body(sub, multiplier, acc, grid)
+
+
+def _new_acc() -> dict[str, Any]:
+    return {
+        "dots": [],
+        "vpu": 0,
+        "eup": 0,
+        "load": 0,
+        "store": 0,
+        "dma": False,
+        "sem": False,
+        "unbounded": False,
+        "pid": set(),
+        "prims": set(),
+        "temp": 0,
+        "reduced": 0,
+    }
+
+
+def _weight(acc: Mapping[str, Any]) -> float:
+    return float(sum(d.flops for d in acc["dots"]) + acc["vpu"] + 4 * acc["eup"] + acc["load"] + acc["store"])
+
+
+def _merge(acc: dict[str, Any], other: Mapping[str, Any], weight: float = 1.0) -> None:
+    import dataclasses
+
+    if weight == 1.0:
+        acc["dots"].extend(other["dots"])
+    else:  # a dot in a branch taken on a fraction of the steps
+        acc["dots"].extend(dataclasses.replace(d, count=d.count * weight) for d in other["dots"])
+    for k in ("vpu", "eup", "load", "store"):
+        acc[k] += other[k] * weight
+    for k in ("dma", "sem", "unbounded"):
+        acc[k] = acc[k] or other[k]
+    acc["pid"] |= other["pid"]
+    acc["prims"] |= other["prims"]
+    acc["temp"] = max(acc["temp"], other["temp"])
+    acc["reduced"] = max(acc["reduced"], other["reduced"])
+
+
+def _conditional_axes(jaxpr: Any) -> tuple[int, ...]:
+    """Grid axes whose program_id reaches a cond predicate (pl.when on the first/last step of an axis)."""
+    found: set[int] = set()
+
+    def walk(jx: Any) -> None:
+        env: dict[Any, set[int]] = {}
+        for eqn in jx.eqns:
+            src: set[int] = set()
+            for v in eqn.invars:
+                if not isinstance(v, jax.extend.core.Literal):
+                    src |= env.get(v, set())
+            if eqn.primitive.name == "program_id":
+                src = {int(eqn.params["axis"])}
+            if eqn.primitive.name == "cond" and eqn.invars:
+                pred = eqn.invars[0]
+                if not isinstance(pred, jax.extend.core.Literal):
+                    found.update(env.get(pred, set()))
+            for out in eqn.outvars:
+                env[out] = src
+            for sub in _subjaxprs(eqn):
+                walk(sub)
+
+    walk(jaxpr)
+    return tuple(sorted(found))
+
+
+def _dma_serialized(jaxpr: Any) -> bool:
+    """A copy started and waited on with no compute between (at the kernel's top level): the transfer cannot
+    overlap anything, so its time adds to the step's compute instead of hiding under it."""
+    eqns = list(jaxpr.eqns)
+    for i, eqn in enumerate(eqns):
+        if eqn.primitive.name != "dma_start":
+            continue
+        for later in eqns[i + 1 :]:
+            name = later.primitive.name
+            if name == "dma_wait":
+                return True
+            if name in ("dot_general", "cond", "while", "scan") or (
+                name not in STRUCTURAL and any(math.prod(getattr(v.aval, "shape", ())) > 1 for v in later.outvars)
+            ):
+                break
+    return False
+
+
+def body_stats(kernel_jaxpr: Any, grid: tuple[int, ...] = ()) -> BodyStats:
+    acc = _new_acc()
+    _count_body(kernel_jaxpr, 1, acc, grid)
+    return BodyStats(
+        dots=tuple(acc["dots"]),
+        vpu_elems=int(acc["vpu"]),
+        transcendental_elems=int(acc["eup"]),
+        load_bytes=int(acc["load"]),
+        store_bytes=int(acc["store"]),
+        has_dma=bool(acc["dma"]),
+        has_semaphore=bool(acc["sem"]),
+        has_unbounded_loop=bool(acc["unbounded"]),
+        program_id_axes=tuple(sorted(acc["pid"])),
+        conditional_axes=_conditional_axes(kernel_jaxpr),
+        primitives=tuple(sorted(acc["prims"])),
+        max_temp_bytes=int(acc["temp"]),
+        max_reduced_bytes=int(acc["reduced"]),
+        dma_serialized=_dma_serialized(kernel_jaxpr),
+    )
