@@ -1,15 +1,15 @@
 """The kernel database (SQLite, WAL): workloads, candidates, evaluations, runs, LLM cache. See docs/database.md."""
 
-from .store import (
+from .schema import (
     SCHEMA_VERSION,
     CandidateRow,
     EvalRow,
-    KernelDB,
     LLMRow,
     RunRow,
     WorkloadRow,
     default_path,
 )
+from .store import KernelDB
 
 __all__ = [
     "SCHEMA_VERSION",
