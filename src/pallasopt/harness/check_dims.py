@@ -1,0 +1,115 @@
+"""The CPU check's small dims: derived from the defaults (or the module's CHECK_DIMS) and judged for coverage."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from ..ir.facts import CallFacts
+from ..ir.trace import trace_calls
+from ..workload import Workload
+
+MAX_CHECK_ELEMS = 1 << 20  # largest operand the derived check dims may leave (elements)
+
+
+Gap = tuple[int, str, int]  # (call, operand name, dim)
+
+
+def _gaps(calls: tuple[CallFacts, ...]) -> dict[Gap, tuple[int, int, int]]:
+    """Operand dims the grid's blocks do not reach to the end: (call, operand, dim) -> (reached, size, block).
+
+    Only pipelined operands with affine index maps are judged (others are assumed to be covered)."""
+    out: dict[Gap, tuple[int, int, int]] = {}
+    for c in calls:
+        for o in c.operands:
+            im = o.index_map
+            if im.affine is None or not o.is_pipelined or len(im.affine) != len(o.shape):
+                continue
+            for d, row in enumerate(im.affine):
+                block = o.block_shape[d] or 1
+                top = row[-1] + sum(max(coef, 0) * (g - 1) for coef, g in zip(row[:-1], c.grid, strict=True))
+                if (top + 1) * block < o.shape[d]:
+                    out[(c.index, o.name, d)] = ((top + 1) * block, o.shape[d], block)
+    return out
+
+
+def _covers(calls: tuple[CallFacts, ...]) -> bool:
+    """Every output element is inside some block the grid visits (affine maps; others are assumed to)."""
+    return not any(name.startswith("out") for _, name, _ in _gaps(calls))
+
+
+def coverage_problem(base: tuple[CallFacts, ...], small: tuple[CallFacts, ...], dims: Mapping[str, int]) -> str:
+    """Why the check at small dims would not stand for the default dims, or ''.
+
+    At the default dims every output must be covered by the grid (an unwritten element is garbage on a chip), and no
+    input may be read less completely than at the check dims: both mean dims the block does not divide with a grid
+    of `dim // block` (use `pl.cdiv`), which the small check dims would hide."""
+    small_gaps = _gaps(small)
+    outputs_first = sorted(_gaps(base).items(), key=lambda kv: not kv[0][1].startswith("out"))
+    for (call, name, d), (reached, size, block) in outputs_first:
+        if name.startswith("in") and (call, name, d) in small_gaps:
+            continue
+        what = "writes" if name.startswith("out") else "reads"
+        return (
+            f"at the default dims {dict(dims)} pallas_call #{call} {what} only {reached} of the {size} elements of "
+            f"{name} dim {d} (block {block}): the dims are not a multiple of the block; use a grid of "
+            f"pl.cdiv(dim, block) or dims the block divides"
+        )
+    return ""
+
+
+def _acceptable(calls: tuple[CallFacts, ...], base: tuple[CallFacts, ...]) -> bool:
+    if len(calls) != len(base) or not _covers(calls):
+        return False
+    if set(_gaps(calls)) - set(_gaps(base)):
+        return False  # the small dims leave part of an input unread that the default dims read (e.g. a K remainder)
+    for c, b in zip(calls, base, strict=True):
+        if len(c.grid) != len(b.grid):
+            return False
+        for g, g0 in zip(c.grid, b.grid, strict=True):
+            if g < min(2, g0):
+                return False
+    return True
+
+
+def _largest(calls: tuple[CallFacts, ...]) -> int:
+    return max((math.prod(o.shape) for c in calls for o in c.operands), default=0)
+
+
+def derive_check_dims(workload: Workload, base: tuple[CallFacts, ...] | None = None) -> dict[str, int]:
+    """Small dims for the CPU check: the module's CHECK_DIMS, else the defaults halved (round-robin) while the
+    kernel still traces, its grid keeps >= 2 steps on every axis that had them, and the outputs stay covered.
+    `base`: the facts at the default dims, when the caller has them."""
+    dims = dict(workload.dims)
+    if base is None:
+        base = trace_calls(workload, dims)
+    given = workload.check_dims
+    if given is not None:
+        small = {**dims, **given}
+        try:
+            if _acceptable(trace_calls(workload, small), base):
+                return small
+        except Exception:
+            pass  # CHECK_DIMS no longer fit this candidate's blocks (e.g. a bigger tile): derive instead
+    frozen: set[str] = set()
+    while len(frozen) < len(dims):
+        for name in list(dims):
+            if name in frozen:
+                continue
+            value = dims[name]
+            if value < 2 or value % 2:
+                frozen.add(name)
+                continue
+            trial = {**dims, name: value // 2}
+            try:
+                calls = trace_calls(workload, trial)
+            except Exception:
+                frozen.add(name)
+                continue
+            if _acceptable(calls, base):
+                dims = trial
+            else:
+                frozen.add(name)
+        if _largest(trace_calls(workload, dims)) <= MAX_CHECK_ELEMS // 16:
+            break
+    return dims
