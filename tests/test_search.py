@@ -111,6 +111,35 @@ def test_budget_limits_candidates(matmul_ir) -> None:
     assert len(out.nodes) <= 5
 
 
+class FakeClock:
+    """Stands in for the `time` module inside beam.py: only the fake compiler moves it (100 s a compile)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_time_budget_stops_compiles_and_checks_mid_depth(matmul_ir, monkeypatch) -> None:
+    import pallasopt.search.beam as beam_mod
+
+    clock = FakeClock()
+    monkeypatch.setattr(beam_mod, "time", clock)
+
+    class SlowTiers(FakeTiers):
+        def compiler(self, ir: KernelIR) -> TierResult | None:
+            clock.now += 100.0
+            return super().compiler(ir)
+
+    tiers = SlowTiers()
+    out = run(matmul_ir, tiers, budget_seconds=250.0)
+    # baseline (t=100), then one compile per batch of `jobs`=1 until the clock passes 250 s: two more, no checks
+    assert tiers.calls["compiler"] == 3
+    assert tiers.calls["check"] == 1
+    assert out.stop_reason == "budget" and out.best is out.baseline
+
+
 def test_checks_are_limited_to_what_can_enter_the_beam(matmul_ir) -> None:
     tiers = FakeTiers()
     run(matmul_ir, tiers, beam=2, depth=1)

@@ -46,7 +46,12 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--db", help="kernel database path (default .pallasopt/kernels.db beside the kernel)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted search")
     p.add_argument("--fresh", action="store_true", help="search again even if the database has this run")
-    p.add_argument("--budget-seconds", type=float, default=None)
+    p.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=None,
+        help="search wall-time budget: no new compile or check starts after it (one running batch may finish)",
+    )
     p.add_argument("--max-candidates", type=int, default=None)
     p.add_argument("--passes", default="", help="comma-separated pass names to search over (default: all)")
     p.add_argument("--no-compile", action="store_true", help="skip the deviceless TPU compiler tier")

@@ -108,10 +108,11 @@ def beam_search(
     evaluations = 0
     jobs = max(1, config.jobs)
 
+    def out_of_time() -> bool:
+        return config.budget_seconds is not None and time.perf_counter() - start > config.budget_seconds
+
     def budget_left() -> bool:
-        if config.budget_seconds is not None and time.perf_counter() - start > config.budget_seconds:
-            return False
-        return config.max_candidates is None or len(nodes) < config.max_candidates
+        return not out_of_time() and (config.max_candidates is None or len(nodes) < config.max_candidates)
 
     root = Node(recipe=(), digest=base.digest, parent=None, depth=0, ir=base)
     nodes[root.digest] = root
@@ -173,11 +174,18 @@ def beam_search(
         )
         alive = _one_per_signature(alive)[: config.beam * PRUNE_FACTOR]
         if score_tier in ("compiler", "hardware"):
+            # `jobs` compiles at a time, in model order, stopping when the time budget is spent (uncompiled
+            # candidates drop out: the budget is a promise to the user, not a hint).
             with ThreadPoolExecutor(jobs) as pool:
-                for c, r in zip(alive, pool.map(lambda n: evaluator.compiler(n.ir), alive), strict=True):
-                    if r is not None:
-                        c.results["compiler"] = r
-                        evaluations += 1
+                for i in range(0, len(alive), jobs):
+                    if out_of_time():
+                        stop = "budget"
+                        break
+                    batch = alive[i : i + jobs]
+                    for c, r in zip(batch, pool.map(lambda n: evaluator.compiler(n.ir), batch), strict=True):
+                        if r is not None:
+                            c.results["compiler"] = r
+                            evaluations += 1
             alive = [c for c in alive if c.passed("compiler")]
         ranked = sorted(alive, key=lambda n: (key(n), n.spec))
         worst_kept = sorted(key(n) for n in beam)[-1] if len(beam) >= config.beam else float("inf")
@@ -187,6 +195,9 @@ def beam_search(
         verified: list[Node] = []
         with ThreadPoolExecutor(jobs) as pool:
             while queue and len(verified) < config.beam:
+                if out_of_time():
+                    stop = "budget"
+                    break
                 batch, queue = (
                     queue[: min(jobs, config.beam - len(verified))],
                     queue[min(jobs, config.beam - len(verified)) :],
@@ -217,6 +228,8 @@ def beam_search(
         beam = sorted({n.digest: n for n in beam + verified}.values(), key=lambda n: (key(n), n.spec))[: config.beam]
         new_best = key(beam[0])
         say("depth", {"depth": depth, "best": beam[0], "time_s": new_best, "tier": score_tier})
+        if stop == "budget":
+            break
         if new_best > best_time * 0.99:
             stop = "no progress"
             best_time = min(best_time, new_best)
