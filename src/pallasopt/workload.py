@@ -64,8 +64,13 @@ def _top_functions(tree: ast.Module) -> dict[str, ast.AST]:
     return out
 
 
+def _top_classes(tree: ast.Module) -> dict[str, ast.AST]:
+    """Top-level classes: a method may build the `pallas_call` (they are helpers, never entries)."""
+    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
 def _reaches_pallas(funcs: Mapping[str, ast.AST]) -> set[str]:
-    """Names of top-level functions that reach a `pallas_call` through calls within the module."""
+    """Names of top-level functions (and classes) that reach a `pallas_call` through calls within the module."""
     reach = {name for name, node in funcs.items() if _calls_pallas_call(node)}
     changed = True
     while changed:
@@ -101,7 +106,7 @@ def inspect_source(source: str, path: str) -> ModuleSpec:
     ):
         if required not in funcs:
             raise KernelError(f"no `{required}` function", path=path, line=1, hint=fix)
-    reach = _reaches_pallas(funcs)
+    reach = _reaches_pallas({**_top_classes(tree), **funcs}).intersection(funcs)
     try:
         named = _module_string_constant(tree, "ENTRY")
     except KernelError as e:

@@ -221,29 +221,62 @@ def _merge(acc: dict[str, Any], other: Mapping[str, Any], weight: float = 1.0) -
     acc["reduced"] = max(acc["reduced"], other["reduced"])
 
 
-def _conditional_axes(jaxpr: Any) -> tuple[int, ...]:
-    """Grid axes whose program_id reaches a cond predicate (pl.when on the first/last step of an axis)."""
+def _sub_inputs(eqn: Any, sub: Any) -> list[Any]:
+    """The outer values an inner jaxpr's inputs stand for (its trailing operands: cond branches skip the predicate;
+    pjit, scan and a while body take them in order); [] when that alignment does not hold."""
+    n = len(sub.invars)
+    if eqn.primitive.name == "while" and sub is eqn.params["cond_jaxpr"].jaxpr:
+        k = int(eqn.params["cond_nconsts"])
+        body_consts = int(eqn.params["body_nconsts"])
+        outer = list(eqn.invars[:k]) + list(eqn.invars[k + body_consts :])
+        return outer if len(outer) == n else []
+    return list(eqn.invars[-n:]) if 0 < n <= len(eqn.invars) else []
+
+
+STATE = "state"  # a value read from a ref that persists across grid steps (an output or a scratch)
+STATE_REF = "state_ref"
+
+
+def _conditional_axes(jaxpr: Any, state_refs: int = 0) -> tuple[int, ...]:
+    """Grid axes whose program_id decides what runs or what a step's state starts from: it reaches a cond predicate
+    (pl.when on the first/last step of an axis), or the predicate of a select (`jnp.where(program_id(a) == 0, init,
+    state)`) one of whose values was read from carried state. `state_refs`: how many trailing kernel refs carry
+    state across steps (outputs and scratch)."""
     found: set[int] = set()
 
-    def walk(jx: Any) -> None:
-        env: dict[Any, set[int]] = {}
+    def walk(jx: Any, env: dict[Any, set[Any]]) -> None:
         for eqn in jx.eqns:
-            src: set[int] = set()
+            src: set[Any] = set()
             for v in eqn.invars:
                 if not isinstance(v, jax.extend.core.Literal):
                     src |= env.get(v, set())
-            if eqn.primitive.name == "program_id":
+            src.discard(STATE_REF)
+            name = eqn.primitive.name
+            if name == "program_id":
                 src = {int(eqn.params["axis"])}
-            if eqn.primitive.name == "cond" and eqn.invars:
-                pred = eqn.invars[0]
-                if not isinstance(pred, jax.extend.core.Literal):
-                    found.update(env.get(pred, set()))
+            elif name in ("get", "masked_load") and STATE_REF in env.get(eqn.invars[0], set()):
+                src.add(STATE)
+            pred_axes: set[int] = set()
+            if eqn.invars and not isinstance(eqn.invars[0], jax.extend.core.Literal):
+                pred_axes = {a for a in env.get(eqn.invars[0], set()) if isinstance(a, int)}
+            resets_state = name == "select_n" and any(
+                STATE in env.get(v, set()) for v in eqn.invars[1:] if not isinstance(v, jax.extend.core.Literal)
+            )
+            if name == "cond" or resets_state:
+                found.update(pred_axes)
             for out in eqn.outvars:
                 env[out] = src
             for sub in _subjaxprs(eqn):
-                walk(sub)
+                outer = _sub_inputs(eqn, sub)
+                inner = {
+                    iv: env.get(ov, set())
+                    for iv, ov in zip(sub.invars, outer, strict=False)
+                    if not isinstance(ov, jax.extend.core.Literal)
+                }
+                walk(sub, inner)
 
-    walk(jaxpr)
+    top = list(jaxpr.invars)
+    walk(jaxpr, {v: {STATE_REF} for v in top[len(top) - state_refs :]} if state_refs else {})
     return tuple(sorted(found))
 
 
@@ -265,7 +298,8 @@ def _dma_serialized(jaxpr: Any) -> bool:
     return False
 
 
-def body_stats(kernel_jaxpr: Any, grid: tuple[int, ...] = ()) -> BodyStats:
+def body_stats(kernel_jaxpr: Any, grid: tuple[int, ...] = (), state_refs: int = 0) -> BodyStats:
+    """`state_refs`: how many trailing refs of the kernel persist across grid steps (its outputs and scratch)."""
     acc = _new_acc()
     _count_body(kernel_jaxpr, 1, acc, grid)
     return BodyStats(
@@ -278,7 +312,7 @@ def body_stats(kernel_jaxpr: Any, grid: tuple[int, ...] = ()) -> BodyStats:
         has_semaphore=bool(acc["sem"]),
         has_unbounded_loop=bool(acc["unbounded"]),
         program_id_axes=tuple(sorted(acc["pid"])),
-        conditional_axes=_conditional_axes(kernel_jaxpr),
+        conditional_axes=_conditional_axes(kernel_jaxpr, state_refs),
         primitives=tuple(sorted(acc["prims"])),
         max_temp_bytes=int(acc["temp"]),
         max_reduced_bytes=int(acc["reduced"]),

@@ -194,8 +194,38 @@ def resolve_local(loc: Located, at: cst.CSTNode, name: str) -> cst.BaseExpressio
     return best[1] if best else None
 
 
+def _func_name(call: cst.Call) -> str:
+    f = call.func
+    return f.attr.value if isinstance(f, cst.Attribute) else (f.value if isinstance(f, cst.Name) else "")
+
+
+def _module_value(loc: Located, name: str) -> cst.BaseExpression | None:
+    """The expression last assigned to `name` by a top-level statement of the module."""
+    found: cst.BaseExpression | None = None
+    for stmt in loc.wrapper.module.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Assign) and any(m.matches(t.target, m.Name(name)) for t in small.targets):
+                    found = small.value
+    return found
+
+
+def _is_params_expr(loc: Located, at: cst.CSTNode, value: cst.BaseExpression | None, hops: int = 0) -> bool:
+    """`value` is statically a `CompilerParams(...)` (through local or module names, or `.replace(...)` on one)."""
+    while isinstance(value, cst.Name) and hops < 6:
+        value = resolve_local(loc, at, value.value) or _module_value(loc, value.value)
+        hops += 1
+    if not isinstance(value, cst.Call) or hops >= 6:
+        return False
+    if _func_name(value).endswith("CompilerParams"):
+        return True
+    f = value.func
+    return _func_name(value) == "replace" and isinstance(f, cst.Attribute) and _is_params_expr(loc, at, f.value, hops)
+
+
 def _compiler_params_call(loc: Located, call: cst.Call) -> tuple[cst.Call | None, bool]:
-    """The `CompilerParams(...)` call a pallas_call uses (following a local name), and whether one is present."""
+    """The `CompilerParams(...)` call (or `.replace(...)` on one) a pallas_call uses, following a local name, that can
+    be edited in place; and whether compiler_params is present at all."""
     arg = keyword(call, "compiler_params")
     if arg is None:
         return None, False
@@ -204,12 +234,28 @@ def _compiler_params_call(loc: Located, call: cst.Call) -> tuple[cst.Call | None
     while isinstance(value, cst.Name) and hops < 4:
         value = resolve_local(loc, call, value.value)
         hops += 1
-    if isinstance(value, cst.Call):
-        f = value.func
-        fname = f.attr.value if isinstance(f, cst.Attribute) else (f.value if isinstance(f, cst.Name) else "")
-        if fname.endswith("CompilerParams"):
-            return value, True
+    if isinstance(value, cst.Call) and (
+        _func_name(value).endswith("CompilerParams") or _is_params_expr(loc, call, value)
+    ):
+        return value, True
     return None, True
+
+
+def shared_compiler_params(loc: Located, call: cst.Call) -> cst.Arg | None:
+    """The `compiler_params=` argument when it is a CompilerParams defined outside the call's function (e.g. a
+    module constant other calls may share): edit it at the call site with `.replace(...)`, never at its definition."""
+    arg = keyword(call, "compiler_params")
+    if arg is None or _compiler_params_call(loc, call)[0] is not None:
+        return None
+    return arg if _is_params_expr(loc, call, arg.value) else None
+
+
+def with_replaced(arg: cst.Arg, key: str, value: cst.BaseExpression) -> cst.BaseExpression:
+    """`<compiler_params expression>.replace(key=value)`."""
+    return cst.Call(
+        func=cst.Attribute(arg.value, cst.Name("replace")),
+        args=[cst.Arg(keyword=cst.Name(key), value=value, equal=_EQ)],
+    )
 
 
 def set_compiler_param(module: cst.Module, call: CallFacts, key: str, value: cst.BaseExpression) -> cst.Module:
@@ -219,6 +265,9 @@ def set_compiler_param(module: cst.Module, call: CallFacts, key: str, value: cst
     params, present = _compiler_params_call(loc, node)
     if params is not None:
         return replace_node(loc.wrapper.module, params, set_keyword(params, key, value))
+    shared = shared_compiler_params(loc, node)
+    if shared is not None:
+        return replace_node(loc.wrapper.module, shared.value, with_replaced(shared, key, value))
     check(not present, "compiler_params is built in a way pallasopt cannot edit (not a CompilerParams(...) call)")
     module2, alias = ensure_pltpu(loc.wrapper.module)
     loc2 = Located.of(module2)

@@ -138,7 +138,7 @@ class BodyStats:
     has_semaphore: bool = False
     has_unbounded_loop: bool = False
     program_id_axes: tuple[int, ...] = ()
-    conditional_axes: tuple[int, ...] = ()  # grid axes whose program_id feeds a `pl.when`/cond
+    conditional_axes: tuple[int, ...] = ()  # grid axes whose program_id feeds a `pl.when`/cond or resets state
     primitives: tuple[str, ...] = ()
     max_temp_bytes: int = 0  # largest intermediate value in the body
     max_reduced_bytes: int = 0  # largest value a reduction consumes (the compiler keeps one copy in VMEM)

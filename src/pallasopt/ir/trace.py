@@ -226,7 +226,7 @@ def call_facts(eqn: Any, index: int, path: str) -> CallFacts:
         dimension_semantics=semantics,
         vmem_limit_bytes=vmem,
         compiler_params=params,
-        body=body_stats(kernel, grid),
+        body=body_stats(kernel, grid, len(operands) - n_in + len(scratch)),
         span=_span(eqn, path),
         input_output_aliases=aliases,
         has_cost_estimate=eqn.params.get("cost_estimate") is not None,

@@ -9,7 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
-from ..errors import check
+from ..errors import PassNotApplicable, check
 from ..ir.cst_edit import Located, ensure_pltpu, find_call_node, kernel_function, keyword, replace_many, spec_nodes
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
@@ -59,7 +59,9 @@ class AccumulateInScratchPass(Pass):
 
     @classmethod
     def choices(cls, ir: KernelIR, chip: Chip) -> tuple[Pass, ...]:
-        return tuple(cls(call=c.index, output=o) for c in ir.calls for o in accumulating_outputs(c))
+        return tuple(
+            cls(call=c.index, output=o) for c in ir.calls for o in accumulating_outputs(c) if _may_read(ir, c, o)
+        )
 
     def apply(self, ir: KernelIR) -> KernelIR:
         check(0 <= self.call < len(ir.calls), f"no pallas_call #{self.call}")
@@ -87,6 +89,10 @@ class AccumulateInScratchPass(Pass):
         n_refs = facts.num_scalar_prefetch + len(facts.inputs) + len(facts.outputs) + len(facts.scratch)
         check(len(params.params) == n_refs, "the kernel's positional parameters do not match the refs")
         out_param = params.params[facts.num_scalar_prefetch + len(facts.inputs) + self.output].name.value
+        check(
+            _reads_ref(kernel, out_param),
+            f"the kernel only writes {out_param} (it already accumulates elsewhere, e.g. in a scratch)",
+        )
         used = {n.value for n in m.findall(kernel, m.Name()) if isinstance(n, cst.Name)}
         acc = "acc_ref"
         while acc in used:
@@ -118,6 +124,37 @@ def _block_shape_text(spec: cst.BaseExpression | None, traced: tuple[int | None,
         return None
     kept = [cst.Module([]).code_for_node(e) for e, t in zip(elems, traced, strict=True) if t is not None]
     return "(" + ", ".join(kept) + ("," if len(kept) == 1 else "") + ")"
+
+
+def _may_read(ir: KernelIR, facts: CallFacts, output: int) -> bool:
+    """Whether the kernel may read output `output` (True when the kernel or its parameter cannot be found)."""
+    try:
+        loc = Located.of(ir.module)
+        kernel = kernel_function(loc, find_call_node(loc, facts))
+    except PassNotApplicable:
+        return True
+    if kernel is None:
+        return True
+    pos = facts.num_scalar_prefetch + len(facts.inputs) + output
+    params = kernel.params.params
+    return pos >= len(params) or _reads_ref(kernel, params[pos].name.value)
+
+
+def _reads_ref(kernel: cst.FunctionDef, ref: str) -> bool:
+    """Whether the kernel may read `ref`'s values: any use but `ref[...] = value` and `ref.dtype` / `ref.shape`."""
+    loc = Located.of(cst.Module(body=[kernel]))
+    for node in m.findall(loc.wrapper.module, m.Name(ref)):
+        parent = loc.parent(node)
+        if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in ("dtype", "shape"):
+            continue
+        if isinstance(parent, cst.Param):
+            continue
+        if isinstance(parent, cst.Subscript) and parent.value is node:
+            holder = loc.parent(parent)
+            if isinstance(holder, cst.AssignTarget) and holder.target is parent:
+                continue
+        return True
+    return False
 
 
 def _rewrite_kernel(kernel: cst.FunctionDef, out: str, acc: str, axis: int, pl: str) -> cst.FunctionDef:

@@ -20,6 +20,7 @@ from ..ir.cst_edit import (
     keyword,
     replace_many,
     resolve_local,
+    set_keyword,
     spec_nodes,
 )
 from ..ir.facts import CallFacts
@@ -95,7 +96,7 @@ class GridOrderPass(Pass):
         for spec in {id(s): s for s in spec_nodes(loc, node) if isinstance(s, cst.Call)}.values():
             _permute_index_map(spec, perm, inv, n, edits)
         _renumber_program_ids(loc, node, inv, edits)
-        _permute_semantics(loc, node, perm, edits)
+        _permute_semantics(loc, node, facts, perm, edits)
         new = ir.with_module(replace_many(loc.wrapper.module, edits), self.spec())
         for before, after in zip(ir.calls, new.calls, strict=True):
             if before.index != self.call:
@@ -107,6 +108,9 @@ class GridOrderPass(Pass):
                 )
         got = new.calls[self.call]
         check(got.grid == tuple(facts.grid[a] for a in perm), f"the rewrite traced to grid {got.grid}")
+        if facts.dimension_semantics is not None:
+            want_sem = tuple(facts.dimension_semantics[a] for a in perm)
+            check(got.dimension_semantics == want_sem, f"the dimension semantics traced to {got.dimension_semantics}")
         for o_old, o_new in zip(facts.operands, got.operands, strict=True):
             want = tuple(tuple(sorted(inv[a] for a in d)) for d in o_old.index_map.depends_on)
             check(o_new.index_map.depends_on == want, f"{o_old.name}'s index map did not follow the new order")
@@ -173,21 +177,29 @@ def _renumber_program_ids(
 
 
 def _permute_semantics(
-    loc: Located, call: cst.Call, perm: tuple[int, ...], edits: dict[cst.CSTNode, cst.CSTNode]
+    loc: Located, call: cst.Call, facts: CallFacts, perm: tuple[int, ...], edits: dict[cst.CSTNode, cst.CSTNode]
 ) -> None:
-    from ..ir.cst_edit import _compiler_params_call
+    """Write the traced semantics in the new order (in place, or `.replace(...)` on a shared CompilerParams)."""
+    from ..ir.cst_edit import _compiler_params_call, shared_compiler_params, with_replaced
 
+    if facts.dimension_semantics is None:
+        return
+    check(len(facts.dimension_semantics) == len(perm), "dimension_semantics length differs from the grid")
+    wanted = [facts.dimension_semantics[a] for a in perm]
+    value = cst.parse_expression("(" + ", ".join(f'"{s}"' for s in wanted) + ("," if len(wanted) == 1 else "") + ")")
     params, _present = _compiler_params_call(loc, call)
-    if params is None:
+    if params is not None:
+        arg = keyword(params, "dimension_semantics")
+        if arg is not None and isinstance(arg.value, cst.Tuple | cst.List):
+            elems = list(arg.value.elements)
+            check(len(elems) == len(perm), "dimension_semantics length differs from the grid")
+            edits[arg.value] = arg.value.with_changes(
+                elements=[elems[old].with_changes(comma=elems[new].comma) for new, old in enumerate(perm)]
+            )
+        else:
+            edits[params] = set_keyword(params, "dimension_semantics", value)
         return
-    arg = keyword(params, "dimension_semantics")
-    if arg is None:
-        return
-    val = arg.value
-    check(isinstance(val, cst.Tuple | cst.List), "dimension_semantics is not a literal tuple")
-    assert isinstance(val, cst.Tuple | cst.List)
-    elems = list(val.elements)
-    check(len(elems) == len(perm), "dimension_semantics length differs from the grid")
-    edits[val] = val.with_changes(
-        elements=[elems[old].with_changes(comma=elems[new].comma) for new, old in enumerate(perm)]
-    )
+    shared = shared_compiler_params(loc, call)
+    check(shared is not None, "compiler_params is built in a way pallasopt cannot edit; not reordered")
+    assert shared is not None
+    edits[shared.value] = with_replaced(shared, "dimension_semantics", value)

@@ -81,5 +81,5 @@ def body_line(call: CallFacts) -> str:
     if b.has_dma:
         parts.append("manual DMA")
     if b.conditional_axes:
-        parts.append(f"pl.when on axes {list(b.conditional_axes)}")
+        parts.append(f"step-dependent control or state on axes {list(b.conditional_axes)}")
     return "  ".join(parts)
