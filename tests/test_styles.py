@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import TEST_KERNELS
+from conftest import ROOT, TEST_KERNELS
 
 from pallasopt.cost_model.hardware import get_chip
 from pallasopt.errors import PassNotApplicable
@@ -11,6 +11,7 @@ from pallasopt.harness.check import check_many
 from pallasopt.ir.kernel_ir import KernelIR
 from pallasopt.passes.accumulate import AccumulateInScratchPass
 from pallasopt.passes.registry import parse_pipeline
+from pallasopt.passes.tile import TilePass, ragged_axis
 from pallasopt.workload import inspect_source
 
 STYLES = TEST_KERNELS / "styles"
@@ -75,3 +76,26 @@ def test_accumulate_in_scratch_skips_outputs_that_are_only_written() -> None:
         AccumulateInScratchPass(call=0, output=0).apply(ir)
     # A kernel that accumulates in its output ref is still offered the rewrite.
     assert AccumulateInScratchPass.choices(load("jit_static_matmul"), V5E) == (AccumulateInScratchPass(0, 0),)
+
+
+def test_tile_on_a_ragged_cdiv_grid_predicts_ceil_extents_and_stays_correct() -> None:
+    # 10000 x 3000 with cdiv grids and a partial last block: sizes that do not divide the array are fine here,
+    # and the new extent is ceil(size / block) (79 steps for 128 rows), not old_extent * old / new (80).
+    ir = load("ragged_rowsum")
+    assert ir.calls[0].grid == (40, 6)
+    specs = {p.spec() for p in TilePass.choices(ir, V5E)}
+    assert specs, "no tile choices on a ragged cdiv grid"
+    new = apply(ir, "tile{call=0,bm=128,bn=1024}")
+    assert new.calls[0].grid == (79, 3)
+    (res,) = check_many([new.source], str(STYLES / "ragged_rowsum.py"), seeds=(3, 4))
+    assert res.ok, res.message
+
+
+def test_tile_keeps_dividing_sizes_on_a_floor_grid() -> None:
+    # The matmul example's grid is M // bm: a size that does not divide the array is never offered there.
+    ir = KernelIR.from_file(ROOT / "examples" / "matmul.py")
+    assert not any(ragged_axis(ir.calls[0], a) for a in range(len(ir.calls[0].grid)))
+    for p in TilePass.choices(ir, V5E):
+        new = p.predict(ir)[0]
+        for op in new.operands:
+            assert all(b is None or n % b == 0 for n, b in zip(op.shape, op.block_shape, strict=True))

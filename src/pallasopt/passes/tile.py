@@ -144,8 +144,26 @@ def _dims_along(call: CallFacts, knob: Knob) -> list[tuple[int, int, int]]:
     return out
 
 
+def ragged_axis(call: CallFacts, axis: int) -> bool:
+    """Whether grid axis `axis` is written as cdiv(size, block) with a partial last block already: the kernel
+    handles ragged blocks along it (masking or dropped writes), so block sizes need not divide the array."""
+    from ..ir.knobs import grid_axis_of
+
+    dims = [
+        (op.shape[d], b)
+        for i, op in enumerate(call.operands)
+        for d, b in enumerate(op.block_shape)
+        if b is not None and b > 0 and grid_axis_of(call, i, d) == axis
+    ]
+    g = call.grid[axis]
+    return bool(dims) and all(g == -(-n // b) for n, b in dims) and any(n % b for n, b in dims)
+
+
 def _options(call: CallFacts, knob: Knob) -> list[int]:
-    """Sizes worth trying for a knob: powers of two near its value that divide every dim it tiles."""
+    """Sizes worth trying for a knob: powers of two near its value that divide every dim it tiles (or, along a
+    ragged cdiv axis, that fit in it)."""
+    from ..ir.knobs import grid_axis_of
+
     dims = _dims_along(call, knob)
     opts = {knob.value}
     for s in SIZES:
@@ -155,7 +173,9 @@ def _options(call: CallFacts, knob: Knob) -> list[int]:
         for i, d, size in dims:
             b = call.operands[i].block_shape[d] or 1
             new_b = b * s // knob.value if (b * s) % knob.value == 0 else 0
-            if new_b <= 0 or new_b > size or size % new_b:
+            axis = grid_axis_of(call, i, d)
+            ragged = axis is not None and ragged_axis(call, axis)
+            if new_b <= 0 or new_b > size or (size % new_b and not ragged):
                 ok = False
         if ok:
             opts.add(s)
@@ -193,9 +213,20 @@ def predict(
         for a, g in enumerate(grid):
             if (call.index, a) in scale:
                 old, new = scale[(call.index, a)]
-                if (g * old) % new:
+                if ragged_axis(call, a):  # cdiv grid: the extent follows the new block, not the old extent
+                    extents = {
+                        -(-op.shape[d] // b)
+                        for op, new_op, i in zip(call.operands, ops, range(len(ops)), strict=True)
+                        for d, b in enumerate(new_op.block_shape)
+                        if b is not None and b > 0 and grid_axis_of(call, i, d) == a
+                    }
+                    if len(extents) != 1:
+                        raise ValueError("ragged axis extents disagree")
+                    grid[a] = extents.pop()
+                elif (g * old) % new:
                     raise ValueError("grid extent not integral")
-                grid[a] = g * old // new
+                else:
+                    grid[a] = g * old // new
                 ratios.append((old, new))
         body = _scaled_body(call.body, ratios) if ratios else call.body
         out.append(dataclasses.replace(call, grid=tuple(grid), operands=tuple(ops), body=body))
