@@ -145,6 +145,15 @@ def cmd_passes(args: argparse.Namespace, console: Console) -> int:
     return ExitCode.OK
 
 
+def _trace_on_cpu() -> None:
+    """The command's own process only traces, ranks and compiles deviceless; kernels run (and are timed) in child
+    processes. Keep JAX here on the CPU so libtpu or CUDA never initializes in it (its warnings were noise, and a
+    second process holding a TPU would block the timing child)."""
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     console = Console(stderr=False, highlight=False)
     if not console.is_terminal:
@@ -152,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     err = Console(stderr=True, highlight=False)
     parser = build_parser()
     args = parser.parse_args(argv)
+    _trace_on_cpu()
     try:
         code = int(args.handler(args, console))
     except PallasoptError as e:
