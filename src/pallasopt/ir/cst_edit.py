@@ -234,9 +234,7 @@ def _compiler_params_call(loc: Located, call: cst.Call) -> tuple[cst.Call | None
     while isinstance(value, cst.Name) and hops < 4:
         value = resolve_local(loc, call, value.value)
         hops += 1
-    if isinstance(value, cst.Call) and (
-        _func_name(value).endswith("CompilerParams") or _is_params_expr(loc, call, value)
-    ):
+    if isinstance(value, cst.Call) and _is_params_expr(loc, call, value):
         return value, True
     return None, True
 

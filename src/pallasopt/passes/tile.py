@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -13,7 +13,7 @@ from ..cost_model.hardware import Chip
 from ..cost_model.roofline import estimate_call, legality_problems, vmem_footprint
 from ..errors import PassNotApplicable, UsageError, check
 from ..ir.cst_edit import replace_integers
-from ..ir.facts import BodyStats, CallFacts
+from ..ir.facts import BodyStats, CallFacts, Operand
 from ..ir.kernel_ir import KernelIR
 from ..ir.knobs import Knob, discover_knobs, scaled_values
 from .base import Pass
@@ -144,17 +144,23 @@ def _dims_along(call: CallFacts, knob: Knob) -> list[tuple[int, int, int]]:
     return out
 
 
-def ragged_axis(call: CallFacts, axis: int) -> bool:
-    """Whether grid axis `axis` is written as cdiv(size, block) with a partial last block already: the kernel
-    handles ragged blocks along it (masking or dropped writes), so block sizes need not divide the array."""
+def _blocks_along(call: CallFacts, axis: int, operands: Sequence[Operand] | None = None) -> list[tuple[int, int]]:
+    """(array size, block size) of every block dim that follows grid axis `axis`; blocks from `operands` (e.g. the
+    predicted ones) when given, else the call's own."""
     from ..ir.knobs import grid_axis_of
 
-    dims = [
+    return [
         (op.shape[d], b)
-        for i, op in enumerate(call.operands)
+        for i, op in enumerate(operands if operands is not None else call.operands)
         for d, b in enumerate(op.block_shape)
         if b is not None and b > 0 and grid_axis_of(call, i, d) == axis
     ]
+
+
+def ragged_axis(call: CallFacts, axis: int) -> bool:
+    """Whether grid axis `axis` is written as cdiv(size, block) with a partial last block already: the kernel
+    handles ragged blocks along it (masking or dropped writes), so block sizes need not divide the array."""
+    dims = _blocks_along(call, axis)
     g = call.grid[axis]
     return bool(dims) and all(g == -(-n // b) for n, b in dims) and any(n % b for n, b in dims)
 
@@ -214,12 +220,7 @@ def predict(
             if (call.index, a) in scale:
                 old, new = scale[(call.index, a)]
                 if ragged_axis(call, a):  # cdiv grid: the extent follows the new block, not the old extent
-                    extents = {
-                        -(-op.shape[d] // b)
-                        for op, new_op, i in zip(call.operands, ops, range(len(ops)), strict=True)
-                        for d, b in enumerate(new_op.block_shape)
-                        if b is not None and b > 0 and grid_axis_of(call, i, d) == a
-                    }
+                    extents = {-(-n // b) for n, b in _blocks_along(call, a, ops)}
                     if len(extents) != 1:
                         raise ValueError("ragged axis extents disagree")
                     grid[a] = extents.pop()
