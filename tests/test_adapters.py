@@ -16,7 +16,6 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pallasopt.adapters import (
     SuiteWorkload,
-    import_main,
     jaxbench_from_source,
     load_jaxbench,
     load_maxkernel,
@@ -405,33 +404,3 @@ def test_missing_paths(tmp_path: Path) -> None:
 def test_unknown_dims_are_refused(suites: dict[str, SuiteWorkload]) -> None:
     with pytest.raises(KernelError, match=r"unknown dims \['heads'\]"):
         suites["mk_rms"].make_inputs(jax.random.key(0), heads=4)
-
-
-# ---------------------------------------------------------------- pallasopt import
-
-
-def test_import_writes_once_and_only_overwrites_with_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "rms.py"
-    assert import_main(["--jaxbench", str(JB_RMS / "baseline.py"), "-o", str(out)]) == 0
-    text = out.read_text()
-    assert "def pallas_llama3_70b_rmsnorm(x, scale):" in text and "def hand_tuned(x, scale):" in text
-    said = capsys.readouterr().out
-    assert said.startswith(f"wrote {out}: write the Pallas kernel in `pallas_llama3_70b_rmsnorm` ({out}:")
-
-    out.write_text("# my kernel\n")
-    assert import_main(["--jaxbench", str(JB_RMS), "-o", str(out)]) == ExitCode.USAGE
-    assert out.read_text() == "# my kernel\n"
-    assert capsys.readouterr().err.strip() == f"{out}: already exists (pass --force to overwrite it)"
-
-    assert import_main(["--maxkernel", str(MK_GMM), "-o", str(out), "--force"]) == 0
-    assert "maxkernel_from_source" in out.read_text() and "note: input 2" in capsys.readouterr().out
-
-
-def test_import_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bad = _write(tmp_path, "bad.py", JB_OK.replace("def workload(", "def baseline("))
-    assert import_main(["--jaxbench", str(bad), "-o", str(tmp_path / "k.py")]) == ExitCode.BAD_KERNEL
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no `workload`" in err and not (tmp_path / "k.py").exists()
-    assert import_main(["--jaxbench", str(JB_EMBED)]) == ExitCode.USAGE  # -o is required
-    assert import_main(["--jaxbench", str(JB_EMBED), "--maxkernel", str(MK_GMM), "-o", "x.py"]) == ExitCode.USAGE
-    assert import_main(["--jaxbench", str(JB_EMBED), "-o", str(tmp_path / "no" / "k.py")]) == ExitCode.USAGE

@@ -82,11 +82,15 @@ def _add_db(sub: Any) -> None:
 
 
 def _add_import(sub: Any) -> None:
+    from .adapters.importer import DESCRIPTION, add_import_arguments, run_import
+
     p = sub.add_parser(
-        "import", add_help=False, help="write a kernel module around a JAXBench workload or a MaxKernel task"
+        "import",
+        help="a kernel module from a JAXBench/KernelBench/MaxKernel task and a Pallas kernel for it",
+        description=DESCRIPTION,
     )
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(handler=lambda args, console: __import__("pallasopt.adapters").adapters.import_main(args.rest))
+    add_import_arguments(p)
+    p.set_defaults(handler=lambda args, console: run_import(args))
 
 
 def _add_bench(sub: Any) -> None:

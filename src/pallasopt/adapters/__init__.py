@@ -45,23 +45,32 @@ How the suites map onto pallasopt's format:
   ``SuiteWorkload.params(*args)`` gives them for a given input tuple.
 """
 
-from ._common import Build, Call, Signature, SuiteWorkload
-from .emit import import_main, to_kernel_module_template
+from ._common import DIMS_GLOBAL, Build, Call, Signature, SuiteWorkload
+from .emit import to_kernel_module, to_kernel_module_template
+from .importer import import_main, import_task
 from .jaxbench import JAXBENCH_TOLERANCE, jaxbench_from_source, load_jaxbench
-from .maxkernel import DIMS_GLOBAL, MAXKERNEL_TOLERANCE, load_maxkernel, maxkernel_from_source
+from .kernelbench import KERNELBENCH_TOLERANCE, kernelbench_from_source
+from .maxkernel import MAXKERNEL_TOLERANCE, load_maxkernel, maxkernel_from_source
+from .tasks import Task, locate
 
 __all__ = [
     "DIMS_GLOBAL",
     "JAXBENCH_TOLERANCE",
+    "KERNELBENCH_TOLERANCE",
     "MAXKERNEL_TOLERANCE",
     "Build",
     "Call",
     "Signature",
     "SuiteWorkload",
+    "Task",
     "import_main",
+    "import_task",
     "jaxbench_from_source",
+    "kernelbench_from_source",
     "load_jaxbench",
     "load_maxkernel",
+    "locate",
     "maxkernel_from_source",
+    "to_kernel_module",
     "to_kernel_module_template",
 ]

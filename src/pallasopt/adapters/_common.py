@@ -26,6 +26,7 @@ from ..errors import KernelError, short
 from ..workload import user_line
 
 Signature = tuple[tuple[Any, ...], ...]
+DIMS_GLOBAL = "__pallasopt_dims__"  # the dict a suite module's rewritten size literals read
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,38 @@ class SuiteWorkload:
     tolerance: dict[str, float] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)  # loader keywords the template repeats (dtype, case)
     notes: tuple[str, ...] = ()  # what the import noticed and the user should know
+    dims_of: Callable[..., dict[str, int]] | None = None  # dims_of(*args): the dims that built these inputs
+
+    @contextlib.contextmanager
+    def kernel_globals(self, namespace: dict[str, Any], *args: Any) -> Iterator[None]:
+        """While a kernel module's code runs on `args`, its module-level sizes and CONFIG follow the dims that
+        built `args` (a kernel written for the suite reads them as the suite's own files do)."""
+        dims = self.dims_of(*args) if self.dims_of is not None else {}
+        saved = dict(namespace)
+        for k, v in dims.items():
+            if isinstance(namespace.get(k), int) and not isinstance(namespace.get(k), bool):
+                namespace[k] = v
+        config = namespace.get("CONFIG")
+        if isinstance(config, dict):
+            namespace["CONFIG"] = {**config, **{k: v for k, v in dims.items() if k in config}}
+        try:
+            yield
+        finally:
+            for k in [*dims, "CONFIG"]:
+                if k in saved:
+                    namespace[k] = saved[k]
+
+    def static_args(self, *args: Any) -> list[Any]:
+        """MaxKernel: the static args `get_inputs` returned beside these dynamic args."""
+        assert self.params is not None
+        return list(self.params(*args).values())
+
+    def run_model(self, model_cls: Any, *args: Any) -> Any:
+        """KernelBench: `model_cls(*get_init_inputs())` with the parameters from `args`, applied to the inputs."""
+        from .kernelbench import run_model
+
+        assert self.params is not None
+        return run_model(model_cls, args, self.params(*args), self.path)
 
 
 # ---------------------------------------------------------------- keys: fixed seeds become functions of the key
@@ -178,6 +211,7 @@ class _Bridge:
     def __init__(self, path: str, dims: dict[str, int], build: Build, call: Call, hand: Call | None) -> None:
         self.path, self.dims, self._build, self._call, self._hand = path, dims, build, call, hand
         self._seen: dict[Signature, dict[str, Any]] = {}
+        self._dims_seen: dict[Signature, dict[str, int]] = {}
 
     def make_inputs(self, key: Any, **dims: int) -> tuple[Any, ...]:
         unknown = sorted(set(dims) - set(self.dims))
@@ -185,8 +219,10 @@ class _Bridge:
             raise KernelError(
                 f"make_inputs got unknown dims {unknown}", path=self.path, hint=f"its dims are {sorted(self.dims)}"
             )
-        args, params = self._build(key, {**self.dims, **{k: int(v) for k, v in dims.items()}})
+        full = {**self.dims, **{k: int(v) for k, v in dims.items()}}
+        args, params = self._build(key, full)
         self._seen[_signature(args)] = params
+        self._dims_seen[_signature(args)] = full
         return args
 
     def params(self, *args: Any) -> dict[str, Any]:
@@ -202,6 +238,11 @@ class _Bridge:
             )
         return dict(self._seen[sig])
 
+    def dims_of(self, *args: Any) -> dict[str, int]:
+        """The dims that built inputs of these shapes (see `params`)."""
+        self.params(*args)
+        return dict(self._dims_seen[_signature(args)])
+
     def reference(self, *args: Any) -> Any:
         return self._call(args, self.params(*args))
 
@@ -211,6 +252,16 @@ class _Bridge:
 
 
 # ---------------------------------------------------------------- reading suite files
+
+
+def wrap_dim_sites(source: str, sites: list[tuple[int, int, int, str]]) -> str:
+    """Wrap each literal site in ``__pallasopt_dims__.get(name, literal)`` without moving any line."""
+    lines = source.splitlines(keepends=True)
+    for lineno, c0, c1, name in sorted(sites, reverse=True):
+        raw = lines[lineno - 1].encode("utf-8")  # ast column offsets count UTF-8 bytes
+        wrapped = f"{DIMS_GLOBAL}.get({name!r}, ".encode() + raw[c0:c1] + b")"
+        lines[lineno - 1] = (raw[:c0] + wrapped + raw[c1:]).decode("utf-8")
+    return "".join(lines)
 
 
 def _parse(source: str, path: str) -> ast.Module:
@@ -307,6 +358,7 @@ def _finish(
         suite=suite,
         arg_names=args,
         params=bridge.params,
+        dims_of=bridge.dims_of,
         hand_tuned=bridge.hand_tuned if hand[1] is not None else None,
         hand_tuned_path=hand[1],
         hand_tuned_source=hand[0] if hand[1] is not None else None,

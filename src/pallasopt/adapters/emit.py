@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import ast
 import os
 import re
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import ExitCode, UsageError, UserError
-from ._common import SuiteWorkload
-from .jaxbench import load_jaxbench
-from .maxkernel import load_maxkernel
+from ..errors import KernelError
+from ._common import SuiteWorkload, _parse, _top_names
+from .kernel_source import KernelCode
 
 # ---------------------------------------------------------------- the kernel-module template
 
@@ -70,17 +66,7 @@ def to_kernel_module_template(sw: SuiteWorkload, *, embed: bool = True, out_dir:
     ]
     options = ", ".join(f"{k}={v!r}" for k, v in sw.options.items())
     if embed:
-        loader = "jaxbench_from_source" if sw.suite == "jaxbench" else "maxkernel_from_source"
-        pieces += [f"from pallasopt.adapters import {loader}", "", f"# The suite's file, verbatim from {sw.path}."]
-        pieces += [f"_SUITE_SOURCE = {_literal(sw.source)}"]
-        call = f"{loader}(_SUITE_SOURCE, {sw.path!r}, {options}, survey=False"
-        if sw.suite == "maxkernel":
-            call += f", name={sw.name!r}"
-        if sw.hand_tuned_source is not None:
-            pieces += [f"# The suite's kernel file, verbatim from {sw.hand_tuned_path}."]
-            pieces += [f"_HAND_TUNED_SOURCE = {_literal(sw.hand_tuned_source)}"]
-            call += f", hand_tuned_source=_HAND_TUNED_SOURCE, hand_tuned_path={sw.hand_tuned_path!r}"
-        pieces += [f"_SUITE = {call})"]
+        pieces += _embedded_suite(sw)
     else:
         loader = "load_jaxbench" if sw.suite == "jaxbench" else "load_maxkernel"
         target = Path(sw.path) if sw.suite == "jaxbench" else Path(sw.path).parent
@@ -139,51 +125,137 @@ def to_kernel_module_template(sw: SuiteWorkload, *, embed: bool = True, out_dir:
     return "\n".join(pieces) + "\n"
 
 
+def _embedded_suite(sw: SuiteWorkload) -> list[str]:
+    """Lines that define `_SUITE`: the suite's file (and its kernel file) as text, loaded by pallasopt.adapters."""
+    loader = _LOADERS[sw.suite]
+    options = "".join(f", {k}={v!r}" for k, v in sw.options.items())
+    lines = [f"from pallasopt.adapters import {loader}", "", f"# The suite's file, verbatim from {_safe(sw.path)}."]
+    lines += [f"_SUITE_SOURCE = {_literal(sw.source)}"]
+    call = f"{loader}(_SUITE_SOURCE, {sw.path!r}{options}, survey=False"
+    if sw.suite in ("maxkernel", "kernelbench"):
+        call += f", name={sw.name!r}"
+    if sw.hand_tuned_source is not None:
+        lines += [f"# The suite's kernel file, verbatim from {_safe(str(sw.hand_tuned_path))}."]
+        lines += [f"_HAND_TUNED_SOURCE = {_literal(sw.hand_tuned_source)}"]
+        call += f", hand_tuned_source=_HAND_TUNED_SOURCE, hand_tuned_path={sw.hand_tuned_path!r}"
+    return [*lines, f"_SUITE = {call})"]
+
+
+_LOADERS = {
+    "jaxbench": "jaxbench_from_source",
+    "maxkernel": "maxkernel_from_source",
+    "kernelbench": "kernelbench_from_source",
+}
+
+
 def _relpath(target: Path, start: Path) -> str:
     return os.path.relpath(target, start)
 
 
-# ---------------------------------------------------------------- `pallasopt import`
+# ---------------------------------------------------------------- a kernel module around a real kernel
+
+ENTRY_NAME = "pallasopt_entry"
+_GENERATED = ("ENTRY", "TOLERANCE", "CHECK_DIMS", "reference", "make_inputs", ENTRY_NAME, "_SUITE", "_SUITE_SOURCE")
 
 
-def import_main(argv: Sequence[str] | None = None) -> int:
-    """``pallasopt import (--jaxbench FILE | --maxkernel DIR) -o OUT.py [--force] [--link]``: write the template."""
-    parser = argparse.ArgumentParser(
-        prog="pallasopt import", description="Write a kernel module around a JAXBench workload or a MaxKernel task."
+def _make_inputs_lines(sw: SuiteWorkload) -> list[str]:
+    dim_params = "".join(f", {k}={v}" for k, v in sw.dims.items())
+    dim_args = ", ".join(f"{k}={k}" for k in sw.dims)
+    head = f"def make_inputs(key{dim_params}):"
+    body = f"    return _SUITE.make_inputs(key{', ' + dim_args if dim_args else ''})"
+    if len(head) > 120:
+        head = "def make_inputs(\n    key,\n" + "".join(f"    {k}={v},\n" for k, v in sw.dims.items()) + "):"
+    if len(body) > 120:
+        body = (
+            "    return _SUITE.make_inputs(\n        key,\n" + "".join(f"        {k}={k},\n" for k in sw.dims) + "    )"
+        )
+    doc = '    """The suite\'s inputs at these dims (its fixed seeds folded into `key`; parameters drawn from it)."""'
+    return [head, doc, body]
+
+
+def _entry_body(kind: str, args: str) -> list[str]:
+    call = {
+        "model": f"_SUITE.run_model(Model, {args})",
+        "workload": f"workload({args})",
+        "computation": f"computation({args}, *_SUITE.static_args({args}))",
+    }[kind]
+    what = {
+        "model": "the kernel's Model.forward, the task's parameters set from the arguments",
+        "workload": "the kernel's workload",
+        "computation": "the kernel's computation, with the task's static args",
+    }[kind]
+    return [
+        f"def {ENTRY_NAME}({args}):",
+        f'    """The entry pallasopt optimizes: {what}.',
+        "",
+        "    The kernel's module-level sizes (and CONFIG) follow the dims that built the arguments.",
+        '    """',
+        f"    with _SUITE.kernel_globals(globals(), {args}):",
+        f"        return {call}",
+    ]
+
+
+def to_kernel_module(
+    sw: SuiteWorkload,
+    kernel: KernelCode,
+    kind: str,
+    *,
+    check_dims: dict[str, int] | None = None,
+    fixed: tuple[str, ...] = (),
+) -> str:
+    """The kernel module pallasopt optimizes: the kernel's code verbatim, then a generated harness around the task.
+
+    `kind` is how the kernel is called (`kernel_kind`); `fixed` lists the API-drift rewrites made to the code."""
+    clash = [n for n in _GENERATED if n in _top_names(_parse(kernel.code, kernel.path))]
+    if clash:
+        raise KernelError(
+            f"the kernel defines {', '.join(clash)}, which the generated harness needs",
+            path=kernel.path,
+            line=1,
+            hint="rename them in the kernel file",
+        )
+    if not sw.arg_names:
+        raise KernelError(
+            "could not name the task's inputs (its builder did not run at the default dims)",
+            path=sw.path,
+            hint="run `pallasopt import` without --kernel to see why",
+        )
+    args = ", ".join(sw.arg_names)
+    origin = f"{_safe(kernel.path)}" + (
+        f" (the ```python block at line {kernel.first_line} of an LLM reply)" if kernel.extracted else ""
     )
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--jaxbench", metavar="FILE", help="a JAXBench workload file (or benchmark folder)")
-    src.add_argument("--maxkernel", metavar="DIR", help="a MaxKernel task folder (holding reference.py)")
-    parser.add_argument("-o", "--output", required=True, metavar="OUT.py", help="the kernel module to write")
-    parser.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
-    parser.add_argument("--link", action="store_true", help="load the suite's file by path instead of embedding it")
-    parser.add_argument("--dtype", default=None, help="input dtype passed to the builder (JAXBench: bfloat16)")
-    try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
-    except SystemExit as e:
-        return int(e.code) if isinstance(e.code, int) else int(ExitCode.USAGE)
-    out = Path(args.output)
-    try:
-        if out.exists() and not args.force:
-            raise UsageError("already exists", path=str(out), hint="pass --force to overwrite it")
-        if not out.parent.is_dir():
-            raise UsageError("no such folder", path=str(out.parent), hint="create it first")
-        if args.jaxbench:
-            sw = load_jaxbench(args.jaxbench, dtype=args.dtype or "bfloat16")
-        else:
-            sw = load_maxkernel(args.maxkernel, dtype=args.dtype)
-        text = to_kernel_module_template(sw, embed=not args.link, out_dir=out.parent if args.link else None)
-        with out.open("w" if args.force else "x", encoding="utf-8") as f:
-            f.write(text)
-    except FileExistsError:
-        print(f"{out}: already exists (pass --force to overwrite it)", file=sys.stderr)
-        return int(ExitCode.USAGE)
-    except UserError as e:
-        print(str(e), file=sys.stderr)
-        return int(e.exit_code)
-    entry = _identifier(sw.name)
-    line = next(i for i, s in enumerate(text.splitlines(), 1) if s.startswith(f"def {entry}("))
-    print(f"wrote {out}: write the Pallas kernel in `{entry}` ({out}:{line}), then run `pallasopt check {out}`")
-    for note in sw.notes:
-        print(f"note: {note}")
-    return int(ExitCode.OK)
+    fmt = {"jaxbench": "JAXBench", "maxkernel": "MaxKernel", "kernelbench": "KernelBench-style"}[sw.suite]
+    header = [
+        f"# pallasopt kernel module: the Pallas kernel {origin}",
+        f"# on the {fmt} task {_safe(sw.name)} ({_safe(sw.path)}).",
+        "# Written by `pallasopt import`. The kernel's code comes first, as written; the harness after the marker",
+        "# below is generated (ENTRY, reference, make_inputs, TOLERANCE, CHECK_DIMS) and runs the task's own code.",
+    ]
+    header += [f"# API drift fixed: {d}" for d in fixed]
+    header += [f"# Note: {_safe(n)}" for n in sw.notes]
+    pieces = [*header, kernel.code.rstrip("\n"), "", "", _MARKER, "", *_embedded_suite(sw), ""]
+    pieces += [f"ENTRY = {ENTRY_NAME!r}", f"TOLERANCE = {sw.tolerance!r}  # the suite's own correctness check"]
+    if check_dims:
+        pieces += [f"CHECK_DIMS = {check_dims!r}  # small dims for the CPU check, derived by `pallasopt import`"]
+    pieces += ["", "", *_entry_body(kind, args), "", ""]
+    pieces += [
+        f"def reference({args}):",
+        f'    """The task\'s own {_REF_NAME[sw.suite]}: the oracle."""',
+        f"    return _SUITE.reference({args})",
+        "",
+        "",
+        *_make_inputs_lines(sw),
+    ]
+    if sw.hand_tuned is not None:
+        pieces += [
+            "",
+            "",
+            f"def hand_tuned({args}):",
+            f'    """The suite\'s own kernel ({_safe(Path(sw.hand_tuned_path or "").name)}), for comparison."""',
+            f"    return _SUITE.hand_tuned({args})",
+        ]
+    return "\n".join(pieces) + "\n"
+
+
+_MARKER = "# ---------------------------------------------------------------- pallasopt harness (generated)"
+_REF_NAME = {"jaxbench": "workload", "maxkernel": "computation", "kernelbench": "Model.forward"}

@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import KernelError
 from ..workload import exec_module, read_file
 from ._common import (
+    DIMS_GLOBAL,
     SuiteWorkload,
     _Bridge,
     _builder_kwargs,
@@ -22,9 +23,9 @@ from ._common import (
     _seeded_from,
     _top_names,
     _with_notes,
+    wrap_dim_sites,
 )
 
-DIMS_GLOBAL = "__pallasopt_dims__"
 MAXKERNEL_TOLERANCE = {"rtol": 1e-2, "atol": 1e-2}  # MaxKernel/tools/test_harness_template.py ATOL/RTOL
 
 
@@ -90,7 +91,8 @@ def _literal_dims(func: ast.FunctionDef) -> tuple[dict[str, int], list[tuple[int
             targets, value = stmt.targets, stmt.value
         elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
             targets, value = [stmt.target], stmt.value
-        for target in targets:
+        # `height = width = 128`: one literal, one site; the first name is the dim and the others follow it
+        for target in targets[:1]:
             if isinstance(target, ast.Name) and isinstance(value, ast.Dict):
                 for k, v in zip(value.keys, value.values, strict=True):
                     if isinstance(k, ast.Constant) and isinstance(k.value, str):
@@ -102,16 +104,6 @@ def _literal_dims(func: ast.FunctionDef) -> tuple[dict[str, int], list[tuple[int
                     if isinstance(t, ast.Name):
                         take(t.id, v)
     return dims, sites
-
-
-def _rewrite(source: str, sites: list[tuple[int, int, int, str]]) -> str:
-    """Wrap each literal site in ``__pallasopt_dims__.get(name, literal)`` without moving any line."""
-    lines = source.splitlines(keepends=True)
-    for lineno, c0, c1, name in sorted(sites, reverse=True):
-        raw = lines[lineno - 1].encode("utf-8")  # ast column offsets count UTF-8 bytes
-        wrapped = f"{DIMS_GLOBAL}.get({name!r}, ".encode() + raw[c0:c1] + b")"
-        lines[lineno - 1] = (raw[:c0] + wrapped + raw[c1:]).decode("utf-8")
-    return "".join(lines)
 
 
 def maxkernel_from_source(
@@ -133,7 +125,7 @@ def maxkernel_from_source(
     if not isinstance(func, ast.FunctionDef):
         raise KernelError("`get_inputs` is not a function", path=path, line=func.lineno)
     dims, sites = _literal_dims(func)
-    module = exec_module(_rewrite(source, sites), path)
+    module = exec_module(wrap_dim_sites(source, sites), path)
     setattr(module, DIMS_GLOBAL, {})
     names, star = _positional_names(module.computation)
     line = func.lineno
@@ -173,7 +165,7 @@ def maxkernel_from_source(
     )
 
 
-def _one_case(out: Any, case: int, path: str, line: int) -> tuple[Sequence[Any], Sequence[Any]]:
+def _all_cases(out: Any, path: str, line: int) -> list[Any]:
     def is_pair(x: Any) -> bool:
         return isinstance(x, tuple) and len(x) == 2 and all(isinstance(p, tuple | list) for p in x)
 
@@ -189,7 +181,29 @@ def _one_case(out: Any, case: int, path: str, line: int) -> tuple[Sequence[Any],
             line=line,
             hint="return ([arrays...], [static values...]) or a list of such pairs",
         )
+    return list(cases)
+
+
+def _one_case(out: Any, case: int, path: str, line: int) -> tuple[Sequence[Any], Sequence[Any]]:
+    cases = _all_cases(out, path, line)
     if not 0 <= case < len(cases):
         raise KernelError(f"get_inputs() has {len(cases)} case(s); case {case} asked for", path=path, line=line)
     dynamic, static = cases[case]
     return dynamic, static
+
+
+def case_count(source: str, path: str, dtype: str | None = None) -> int:
+    """How many (dynamic_args, static_args) cases the task's ``get_inputs`` returns (built abstractly)."""
+    import jax
+
+    func = _top_names(_parse(source, path)).get("get_inputs")
+    module = exec_module(source, path)
+    counts: list[int] = []
+
+    def run() -> int:
+        out = module.get_inputs(**_builder_kwargs(module.get_inputs, None, dtype))
+        counts.append(len(_all_cases(out, path, getattr(func, "lineno", 1))))
+        return 0
+
+    jax.eval_shape(run)
+    return counts[0]

@@ -1,0 +1,182 @@
+"""`pallasopt import`: a suite task (and a Pallas kernel for it) as a kernel module pallasopt can check and optimize."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ExitCode, KernelError, UsageError, UserError
+from ..workload import read_file
+from .emit import ENTRY_NAME, to_kernel_module, to_kernel_module_template
+from .kernel_source import KernelCode, drift_error, extract_code, find_drift, fix_api
+from .tasks import FORMATS, Task, kernel_kind, load_task, locate
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What `import_task` wrote (or would write): the module text and what the user should be told."""
+
+    text: str
+    stub: bool  # no kernel was found: the entry is a stub to fill
+    kernel: str | None  # the kernel file used
+    fixed: tuple[str, ...]  # API drift rewritten (--fix-api)
+    check_dims: dict[str, int] | None
+    notes: tuple[str, ...]
+
+
+def read_kernel(path: Path, *, fix: bool) -> tuple[KernelCode, tuple[str, ...]]:
+    """The kernel's code (cut out of an LLM reply if need be), its API drift fixed when asked, else refused."""
+    kernel = extract_code(read_file(path), str(path))
+    fixed: tuple[str, ...] = ()
+    if fix:
+        code, done = fix_api(kernel.code)
+        kernel = KernelCode(code, kernel.path, kernel.extracted, kernel.first_line)
+        fixed = tuple(f"{d.name} (line {d.line + kernel.first_line - 1}) -> {d.replacement}" for d in done)
+    drift = find_drift(kernel.code)
+    if drift:
+        raise drift_error(drift[0], kernel.path, kernel.first_line)
+    return kernel, fixed
+
+
+def import_task(
+    task: Task,
+    *,
+    kernel_path: Path | None = None,
+    case: int = 0,
+    dtype: str | None = None,
+    fix: bool = False,
+    out_path: Path | None = None,
+    derive_dims: bool = True,
+) -> Imported:
+    """The kernel module for `task` with `kernel_path` (default: the kernel the task ships), or a stub without one.
+
+    `out_path` labels the module while its check dims are derived (the module is traced there, never written)."""
+    kpath = kernel_path or task.shipped_kernel
+    if kpath is None:
+        sw = load_task(task, case=case, dtype=dtype)
+        return Imported(to_kernel_module_template(sw), True, None, (), None, sw.notes)
+    kernel, fixed = read_kernel(kpath, fix=fix)
+    kind = kernel_kind(kernel.code, kernel.path)
+    sw = load_task(task, case=case, dtype=dtype)
+    text = to_kernel_module(sw, kernel, kind, fixed=fixed)
+    dims = None
+    if derive_dims:
+        from .check_dims import import_check_dims
+
+        dims = import_check_dims(text, str(out_path or Path(kpath).with_suffix(".pallasopt.py")))
+        text = to_kernel_module(sw, kernel, kind, fixed=fixed, check_dims=dims)
+    return Imported(text, False, str(kpath), fixed, dims, sw.notes)
+
+
+DESCRIPTION = (
+    "Write a kernel module (entry = a Pallas kernel, reference and inputs = a suite task) that pallasopt can check "
+    "and optimize. TASK: a JAXBench workload file or benchmark folder, a KernelBench-style module (JAXBench's "
+    "jaxkernelbench/level1|2), or a MaxKernel task folder."
+)
+
+
+def add_import_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `pallasopt import` (the CLI's subcommand and `import_main` share them)."""
+    p.add_argument("task", nargs="?", metavar="TASK", help="the task file or folder (the format is detected)")
+    p.add_argument(
+        "--kernel",
+        metavar="KERNEL.py",
+        help="a Pallas implementation of the task (plain module or "
+        "an LLM reply with ``` fences); default: the task folder's optimized.py / pallas.py",
+    )
+    p.add_argument("--format", choices=FORMATS, default="auto", help="the task's suite format (default: detect)")
+    p.add_argument("--case", default="0", help="MaxKernel: which get_inputs case (N, or 'all': one module each)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.py", help="the kernel module to write")
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+    p.add_argument("--dtype", default=None, help="input dtype passed to the suite's builder (JAXBench: bfloat16)")
+    p.add_argument(
+        "--fix-api",
+        action="store_true",
+        help="rewrite Pallas names removed since the kernel was "
+        "written (pltpu.repeat, TPUCompilerParams, ...) instead of refusing the kernel",
+    )
+    p.add_argument("--jaxbench", metavar="FILE", help=argparse.SUPPRESS)  # older spelling of TASK --format jaxbench
+    p.add_argument("--maxkernel", metavar="DIR", help=argparse.SUPPRESS)  # older spelling, --format maxkernel
+
+
+def _cases(spec: str, task: Task, dtype: str | None) -> list[int]:
+    if spec != "all":
+        try:
+            n = int(spec)
+        except ValueError:
+            raise UsageError(f"--case {spec!r} is not a number or 'all'") from None
+        if n < 0:
+            raise UsageError(f"--case {n} is negative")
+        return [n]
+    if task.fmt != "maxkernel":
+        return [0]
+    from .maxkernel import case_count
+
+    return list(range(case_count(read_file(task.path), str(task.path), dtype)))
+
+
+def import_main(argv: Sequence[str] | None = None) -> int:
+    """``pallasopt import TASK [--kernel K] [--format F] [--case N|all] -o OUT.py``; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="pallasopt import", description=DESCRIPTION)
+    add_import_arguments(parser)
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as e:
+        return int(e.code) if isinstance(e.code, int) else int(ExitCode.USAGE)
+    return run_import(args)
+
+
+def run_import(args: argparse.Namespace) -> int:
+    """`pallasopt import` with parsed arguments; returns the exit code."""
+    try:
+        given = [x for x in (args.task, args.jaxbench, args.maxkernel) if x]
+        if len(given) != 1:
+            raise UsageError("give one TASK (a task file or folder)")
+        fmt = "jaxbench" if args.jaxbench else "maxkernel" if args.maxkernel else args.format
+        task = locate(given[0], fmt)
+        out = Path(args.output)
+        if not out.parent.is_dir():
+            raise UsageError("no such folder", path=str(out.parent), hint="create it first")
+        cases = _cases(args.case, task, args.dtype)
+        outs = [out] if len(cases) == 1 else [out.with_name(f"{out.stem}_case{c}{out.suffix}") for c in cases]
+        for o in outs:
+            if o.exists() and not args.force:
+                raise UsageError("already exists", path=str(o), hint="pass --force to overwrite it")
+        kernel = Path(args.kernel) if args.kernel else None
+        if kernel is not None and not kernel.is_file():
+            raise UsageError("no such kernel file", path=str(kernel))
+        for c, o in zip(cases, outs, strict=True):
+            imported = import_task(task, kernel_path=kernel, case=c, dtype=args.dtype, fix=args.fix_api, out_path=o)
+            with o.open("w" if args.force else "x", encoding="utf-8") as f:
+                f.write(imported.text)
+            _tell(o, task, imported)
+    except FileExistsError as e:
+        print(f"pallasopt: error: {e.filename}: already exists (pass --force to overwrite it)", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    except UserError as e:
+        print(f"pallasopt: error: {e}", file=sys.stderr)
+        return int(e.exit_code)
+    return int(ExitCode.OK)
+
+
+def _tell(out: Path, task: Task, imported: Imported) -> None:
+    if imported.stub:
+        line = next(i for i, s in enumerate(imported.text.splitlines(), 1) if s.startswith("def pallas_"))
+        print(
+            f"wrote {out}: a STUB ({task.fmt} task {task.path}; no kernel given and the task ships none): write the "
+            f"Pallas kernel at {out}:{line} or pass --kernel KERNEL.py, then `pallasopt check {out}`"
+        )
+    else:
+        dims = f"; CHECK_DIMS {imported.check_dims}" if imported.check_dims else ""
+        print(f"wrote {out}: entry {ENTRY_NAME} = {imported.kernel} on the {task.fmt} task {task.path}{dims}")
+        print(f"next: pallasopt check {out} && pallasopt run {out} --target v6e")
+    for f in imported.fixed:
+        print(f"fixed API drift: {f}")
+    for note in imported.notes:
+        print(f"note: {note}")
+
+
+__all__ = ["Imported", "KernelError", "import_main", "import_task", "read_kernel"]

@@ -1,0 +1,183 @@
+"""A kernel file as the user hands it in: plain Python, or an LLM reply with prose and ``` fences around the code.
+
+Also the JAX API drift that old suite kernels carry (names removed from the Pallas API since they were written):
+found statically, reported as one line naming the call and its replacement, and rewritten only when asked.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from dataclasses import dataclass
+
+from ..errors import KernelError
+
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.S | re.M)
+
+
+@dataclass(frozen=True)
+class KernelCode:
+    """The Python code of a kernel file and where it came from (``extracted``: it was cut out of a reply)."""
+
+    code: str
+    path: str
+    extracted: bool = False
+    first_line: int = 1  # the line of the original file where `code` starts
+
+
+def _parses(text: str) -> bool:
+    try:
+        ast.parse(text)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def extract_code(text: str, path: str) -> KernelCode:
+    """The module's code: the file itself if it is Python, else the one fenced Python block that is a module.
+
+    An LLM reply often holds prose and one or more ``` blocks; the block taken is the longest one that parses and
+    defines something at top level (a snippet of a few lines is an explanation, not the module)."""
+    if _parses(text):
+        return KernelCode(text, path)
+    blocks = []
+    for m in _FENCE.finditer(text):
+        lang, body = m.group(1).lower(), m.group(2)
+        if lang not in ("", "python", "py", "python3"):
+            continue
+        if _parses(body) and any(
+            isinstance(n, ast.FunctionDef | ast.ClassDef | ast.Assign | ast.Import | ast.ImportFrom)
+            for n in ast.parse(body).body
+        ):
+            blocks.append((len(body), text[: m.start(2)].count("\n") + 1, body))
+    if not blocks:
+        try:
+            ast.parse(text)
+        except SyntaxError as e:
+            raise KernelError(
+                f"not Python and no ```python block in it parses: {e.msg}",
+                path=path,
+                line=e.lineno,
+                hint="pass the kernel's Python module (or an LLM reply with the module in a ```python block)",
+            ) from None
+    _, line, body = max(blocks)
+    return KernelCode(body, path, extracted=True, first_line=line)
+
+
+# ---------------------------------------------------------------- API drift
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A Pallas name the kernel uses that the installed JAX no longer has, and what replaces it."""
+
+    line: int
+    col: int
+    name: str  # as written, e.g. "pltpu.repeat"
+    replacement: str
+    fixable: bool  # `fix_api` can rewrite it
+
+
+# module path -> attribute -> (replacement text, fixable by `fix_api`)
+_KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
+    "jax.experimental.pallas.tpu": {
+        "repeat": ("jnp.concatenate([x] * n, axis=axis) (a broadcast when that axis has size 1)", True),
+        "TPUCompilerParams": ("pltpu.CompilerParams (same fields)", True),
+        "TPUMemorySpace": ("pltpu.MemorySpace", True),
+        "semaphore": ("pl.semaphore", False),
+    },
+    "jax.experimental.pallas": {},
+}
+_RENAMES = {"TPUCompilerParams": "CompilerParams", "TPUMemorySpace": "MemorySpace"}
+REPEAT_HELPER = "_pallasopt_repeat"
+
+
+def _aliases(tree: ast.Module) -> dict[str, str]:
+    """Local name -> module path, for the Pallas modules the file imports (every import form)."""
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("jax.experimental.pallas"):
+                    out[a.asname or a.name] = a.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("jax.experimental"):
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                if full.startswith("jax.experimental.pallas"):
+                    out[a.asname or a.name] = full
+    return out
+
+
+def _dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else None
+    return None
+
+
+def find_drift(code: str) -> tuple[Drift, ...]:
+    """Attributes of the Pallas modules the code uses that the installed JAX does not have."""
+    tree = ast.parse(code)
+    aliases = _aliases(tree)
+    found: list[Drift] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        base = _dotted(node.value)
+        if base is None or base not in aliases:
+            continue
+        mod_path = aliases[base]
+        try:
+            mod = importlib.import_module(mod_path)
+        except ImportError:
+            continue
+        if hasattr(mod, node.attr):
+            continue
+        replacement, fixable = _KNOWN.get(mod_path, {}).get(node.attr, ("no known replacement", False))
+        found.append(Drift(node.lineno, node.col_offset, f"{base}.{node.attr}", replacement, fixable))
+    return tuple(sorted(found, key=lambda d: (d.line, d.col)))
+
+
+def drift_error(drift: Drift, path: str, first_line: int = 1) -> KernelError:
+    return KernelError(
+        f"{drift.name} does not exist in the installed JAX (the kernel was written for an older Pallas API)",
+        path=path,
+        line=drift.line + first_line - 1,
+        hint=f"use {drift.replacement}" + ("; `pallasopt import --fix-api` rewrites it" if drift.fixable else ""),
+    )
+
+
+def fix_api(code: str) -> tuple[str, tuple[Drift, ...]]:
+    """Rewrite the fixable drift (names, and `pltpu.repeat` calls into a helper appended to the module)."""
+    drifts = [d for d in find_drift(code) if d.fixable]
+    if not drifts:
+        return code, ()
+    lines = code.splitlines(keepends=True)
+    uses_repeat = False
+    for d in sorted(drifts, key=lambda d: (d.line, d.col), reverse=True):
+        attr = d.name.rsplit(".", 1)[1]
+        new = REPEAT_HELPER if attr == "repeat" else d.name.rsplit(".", 1)[0] + "." + _RENAMES[attr]
+        uses_repeat |= attr == "repeat"
+        raw = lines[d.line - 1].encode("utf-8")
+        end = d.col + len(d.name.encode("utf-8"))
+        if raw[d.col : end].decode("utf-8") != d.name:
+            continue  # written across lines or with spaces: leave it, the drift check still reports it
+        lines[d.line - 1] = (raw[: d.col] + new.encode("utf-8") + raw[end:]).decode("utf-8")
+    out = "".join(lines)
+    if uses_repeat:
+        out = out.rstrip("\n") + "\n\n\n" + _REPEAT_SOURCE
+    return out, tuple(drifts)
+
+
+_REPEAT_SOURCE = f'''def {REPEAT_HELPER}(x, repeats, axis=0):
+    """What pltpu.repeat did (removed from JAX): `repeats` copies of `x` concatenated along `axis`."""
+    import jax.numpy as _jnp
+
+    axis = axis % x.ndim
+    if x.shape[axis] == 1:
+        return _jnp.broadcast_to(x, x.shape[:axis] + (repeats,) + x.shape[axis + 1 :])
+    return _jnp.concatenate([x] * repeats, axis=axis)
+'''

@@ -1,0 +1,160 @@
+"""`pallasopt import`: suite tasks with a real kernel become modules that check, through the console script."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from pallasopt.adapters.kernel_source import extract_code, find_drift, fix_api
+from pallasopt.adapters.kernelbench import kernelbench_from_source, module_dims
+from pallasopt.errors import KernelError
+from pallasopt.workload import load, read_file
+
+FIX = Path(__file__).resolve().parent / "fixtures"
+KB = FIX / "kernelbench"
+CLI = str(Path(sys.executable).with_name("pallasopt"))
+
+
+def pallasopt(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The installed console script, as a user runs it."""
+    return subprocess.run([CLI, *argv], capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+# ---------------------------------------------------------------- the kernel file as handed in
+
+
+def test_llm_reply_gives_its_longest_module_block() -> None:
+    k = extract_code(read_file(KB / "gemm_bias_relu_reply.md"), "reply.md")
+    assert k.extracted and k.first_line == 5
+    assert "class Model" in k.code and "Here is" not in k.code and "```" not in k.code
+    with pytest.raises(KernelError, match=r"no ```python block in it parses"):
+        extract_code("Sorry, I cannot write this kernel.\n```python\ndef f(:\n```\n", "reply.md")
+
+
+def test_api_drift_is_found_and_fixed_only_where_known() -> None:
+    code = extract_code(read_file(KB / "gemm_bias_relu_reply.md"), "r").code
+    (d,) = find_drift(code)
+    assert (d.name, d.line, d.fixable) == ("pltpu.repeat", 9, True)
+    fixed, done = fix_api(code)
+    assert len(done) == 1 and not find_drift(fixed) and "_pallasopt_repeat(b_ref[...]" in fixed
+    ast.parse(fixed)
+    assert find_drift("from jax.experimental.pallas import tpu as t\nx = t.no_such_thing\n")[0].replacement == (
+        "no known replacement"
+    )
+
+
+# ---------------------------------------------------------------- KernelBench-style tasks
+
+
+def test_kernelbench_dims_params_and_static_scalars() -> None:
+    source = read_file(KB / "gemm_bias_relu.py")
+    dims, _ = module_dims(ast.parse(source))
+    assert dims == {"batch_size": 512, "in_features": 512, "out_features": 1024}  # 256 * 2 evaluated
+    sw = kernelbench_from_source(source, str(KB / "gemm_bias_relu.py"))
+    assert sw.arg_names == ("x", "weight", "bias")  # the float 0.5 stays static, parameters follow the inputs
+    x, w, b = sw.make_inputs(jax.random.key(1), batch_size=16, in_features=128, out_features=256)
+    assert b.shape == (256,)  # bias_shape = (out_features,) follows the dims: the module is re-run per dims
+    _, w2, b2 = sw.make_inputs(jax.random.key(2), batch_size=16, in_features=128, out_features=256)
+    assert np.asarray(w).std() > 0 and np.asarray(b).std() > 0  # not the suite's zeros
+    assert not np.array_equal(np.asarray(w), np.asarray(w2)) and not np.array_equal(np.asarray(b), np.asarray(b2))
+    out = np.asarray(sw.reference(x, w, b))
+    want = np.maximum(np.asarray(x) @ np.asarray(w) + np.asarray(b), 0) * 0.5
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_import_llm_reply_refuses_drift_then_fixes_it_and_checks(tmp_path: Path) -> None:
+    out = tmp_path / "gemm.py"
+    task, reply = str(KB / "gemm_bias_relu.py"), str(KB / "gemm_bias_relu_reply.md")
+    r = pallasopt("import", task, "--kernel", reply, "-o", str(out))
+    assert r.returncode == 3 and not out.exists()
+    assert r.stderr.strip().count("\n") == 0
+    assert f"{reply}:13: pltpu.repeat does not exist" in r.stderr and "--fix-api" in r.stderr
+
+    r = pallasopt("import", task, "--kernel", reply, "-o", str(out), "--fix-api")
+    assert r.returncode == 0, r.stderr
+    assert "fixed API drift: pltpu.repeat (line 13)" in r.stdout
+    wl = load(out)
+    assert wl.spec.entry == "pallasopt_entry" and wl.check_dims is not None
+    assert all(v >= 128 for v in wl.check_dims.values())  # never degenerate (in_features is not cut to 1)
+    r = pallasopt("check", str(out))
+    assert r.returncode == 0 and r.stdout.startswith("PASS"), r.stdout + r.stderr
+
+
+def test_a_kernel_ignoring_a_weight_fails_with_random_parameters(tmp_path: Path) -> None:
+    """JAXBench's own harness compares two zero-weight models, so this kernel passed there."""
+    out = tmp_path / "nobias.py"
+    r = pallasopt("import", str(KB / "gemm_bias_relu.py"), "--kernel", str(KB / "gemm_no_bias.py"), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    r = pallasopt("check", str(out))
+    assert r.returncode == 1 and "mismatch" in r.stdout
+
+
+# ---------------------------------------------------------------- JAXBench workloads and MaxKernel tasks
+
+
+def test_jaxbench_folder_uses_its_optimized_kernel(tmp_path: Path) -> None:
+    out = tmp_path / "rms.py"
+    r = pallasopt("import", str(FIX / "jaxbench" / "12p_RMSNorm"), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "optimized.py" in text.splitlines()[0] and "return workload(x, scale)" in text
+    assert pallasopt("check", str(out)).returncode == 0
+
+
+def test_maxkernel_chained_sizes_and_every_case(tmp_path: Path) -> None:
+    task = FIX / "maxkernel" / "21k_Scale_Chained"
+    r = pallasopt("import", str(task), "--case", "all", "-o", str(tmp_path / "mk.py"))
+    assert r.returncode == 0, r.stderr
+    cases = sorted(p.name for p in tmp_path.glob("mk_case*.py"))
+    assert cases == ["mk_case0.py", "mk_case1.py"]
+    wl = load(tmp_path / "mk_case1.py")
+    assert wl.dims == {"batch": 16, "height": 256}  # `height = width = 256`: one dim, width follows it
+    x, s = wl.make_inputs(jax.random.key(3), batch=2, height=128)
+    assert x.shape == (2, 128, 128)
+    np.testing.assert_allclose(np.asarray(wl.reference(x, s)), np.tanh(np.asarray(x) * np.asarray(s)) * 0.5, 1e-6)
+
+
+def test_stub_only_without_a_kernel_and_it_says_so(tmp_path: Path) -> None:
+    out = tmp_path / "gmm.py"
+    r = pallasopt("import", str(FIX / "maxkernel" / "11p_Megablox_GMM"), "-o", str(out))
+    assert r.returncode == 0 and "a STUB" in r.stdout and "--kernel" in r.stdout
+    assert "raise NotImplementedError" in out.read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "needle"),
+    [
+        (["import", "nope", "-o", "x.py"], 2, "nope: no such file or folder"),
+        (["import", str(FIX), "-o", "x.py"], 2, "no baseline.py (JAXBench) or reference.py (MaxKernel)"),
+        (["import", str(FIX / "llm" / "softmax_good.json"), "-o", "x.py"], 3, "not a task file of a known suite"),
+        (
+            ["import", str(KB / "gemm_bias_relu.py"), "--format", "jaxbench", "-o", "x.py"],
+            2,
+            "looks like a kernelbench",
+        ),
+        (["import", str(FIX / "maxkernel" / "21k_Scale_Chained"), "--case", "x", "-o", "x.py"], 2, "--case 'x'"),
+    ],
+)
+def test_import_errors_are_one_line(tmp_path: Path, argv: list[str], code: int, needle: str) -> None:
+    r = pallasopt(*argv, cwd=tmp_path)
+    assert r.returncode == code and needle in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+
+
+def test_import_never_overwrites_without_force(tmp_path: Path) -> None:
+    out = tmp_path / "mine.py"
+    out.write_text("# my kernel\n")
+    r = pallasopt("import", str(FIX / "jaxbench" / "12p_RMSNorm"), "-o", str(out))
+    assert r.returncode == 2 and "already exists (pass --force" in r.stderr and out.read_text() == "# my kernel\n"
+
+
+def test_import_help_and_the_older_spelling() -> None:
+    r = pallasopt("import", "-h")
+    assert r.returncode == 0 and "--kernel" in r.stdout and "--case" in r.stdout
+    r = pallasopt("import", "--jaxbench", "nope", "-o", "x.py")
+    assert r.returncode == 2 and "nope: no such file" in r.stderr
