@@ -4,8 +4,9 @@ The oracle's own derivation (`harness.check_dims.derive_check_dims`: halve the d
 >= 2 grid steps per axis and covers its outputs) can shrink a dim below what a TPU block allows (a head_dim of 4
 where the kernel needs 128 lanes): tracing accepts it, the TPU lowering does not. Here every candidate must also
 lower for TPU, and a dim that does not is given back (doubled towards its default) until it does. No dim is left
-below `FLOOR` (or its default, if smaller) while the operands stay under `BUDGET` elements: a reduction of length 1
-or a 4-wide head checks nothing a real size does, and a batch of 64 images of 128x128 costs minutes to interpret.
+below `FLOOR` (or its default, if smaller) where it sizes an array's last (lane) axis and the arrays stay under
+`BUDGET` elements: a reduction of length 1 or a 4-wide head checks nothing a real size does, while a batch of 64
+images of 128x128 costs minutes to interpret.
 """
 
 from __future__ import annotations
@@ -52,22 +53,29 @@ def import_check_dims(text: str, path: str) -> dict[str, int] | None:
     return _changed(dims, workload.dims)
 
 
-def _largest(workload: Workload, dims: Mapping[str, int]) -> int:
-    calls = trace_calls(workload, dims)
-    return max((math.prod(o.shape) for c in calls for o in c.operands), default=0)
+def _shapes(workload: Workload, dims: Mapping[str, int]) -> list[tuple[int, ...]]:
+    """Shapes of the entry's inputs and of every pallas_call operand at `dims`."""
+    inputs = [tuple(getattr(a, "shape", ())) for a in arg_structs(workload, dict(dims))]
+    return inputs + [tuple(o.shape) for c in trace_calls(workload, dims) for o in c.operands]
+
+
+def _lanes(shapes: list[tuple[int, ...]]) -> list[int]:
+    return [s[-1] for s in shapes if s]
 
 
 def _floored(workload: Workload, dims: Mapping[str, int]) -> dict[str, int]:
-    """Dims below min(default, FLOOR) doubled back towards it, smallest first, while the operands fit BUDGET."""
+    """Lane dims (those that size some array's last axis) below min(default, FLOOR) doubled back towards it,
+    smallest first, while no array grows past BUDGET elements. A batch or row count stays as derived."""
     out = {k: int(v) for k, v in dims.items()}
     default = workload.dims
     for k in sorted(out, key=lambda k: out[k]):
         while 0 < out[k] < min(default[k], FLOOR):
             trial = {**out, k: min(default[k], out[k] * 2)}
             try:
-                if _largest(workload, trial) > BUDGET:
-                    break
+                before, after = _shapes(workload, out), _shapes(workload, trial)
             except Exception:
+                break
+            if _lanes(before) == _lanes(after) or max(math.prod(s) for s in after) > BUDGET:
                 break
             out = trial
     return out

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 
 from ..ir.facts import CallFacts
-from ..ir.trace import trace_calls
+from ..ir.trace import arg_structs, trace_calls
 from ..workload import Workload
 
 MAX_CHECK_ELEMS = 1 << 20  # largest operand the derived check dims may leave (elements)
@@ -76,6 +76,11 @@ def _largest(calls: tuple[CallFacts, ...]) -> int:
     return max((math.prod(o.shape) for c in calls for o in c.operands), default=0)
 
 
+def _largest_input(workload: Workload, dims: Mapping[str, int]) -> int:
+    structs = arg_structs(workload, dict(dims))
+    return max((math.prod(getattr(a, "shape", ())) for a in structs), default=0)
+
+
 def derive_check_dims(workload: Workload, base: tuple[CallFacts, ...] | None = None) -> dict[str, int]:
     """Small dims for the CPU check: the module's CHECK_DIMS, else the defaults halved (round-robin) while the
     kernel still traces, its grid keeps >= 2 steps on every axis that had them, and the outputs stay covered.
@@ -110,6 +115,6 @@ def derive_check_dims(workload: Workload, base: tuple[CallFacts, ...] | None = N
                 dims = trial
             else:
                 frozen.add(name)
-        if _largest(trace_calls(workload, dims)) <= MAX_CHECK_ELEMS // 16:
-            break
+        if max(_largest(trace_calls(workload, dims)), _largest_input(workload, dims)) <= MAX_CHECK_ELEMS // 16:
+            break  # inputs count too: a kernel on the weights alone leaves the activations to XLA (imported tasks)
     return dims
