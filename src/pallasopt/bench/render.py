@@ -38,6 +38,20 @@ def summary_lines(s: Mapping[str, Any]) -> list[tuple[str, str]]:
             f"geomean vs XLA reference ({s['vs_xla_kernels']} kernels)",
             f"{_x(s['vs_xla_geomean'])}; faster than XLA on {s['beats_xla']}/{s['vs_xla_kernels']}",
         ),
+        (
+            f"geomean vs XLA reference of the input kernels ({s.get('baseline_vs_xla_kernels', 0)} kernels)",
+            _x(s.get("baseline_vs_xla_geomean")),
+        ),
+        *(
+            [
+                (
+                    f"suite's own record: XLA / its kernel ({s['suite_speedup_kernels']} kernels)",
+                    _x(s["suite_speedup_geomean"]),
+                )
+            ]
+            if s.get("suite_speedup_kernels")
+            else []
+        ),
         (f"geomean hand-tuned time / best time ({s['hand_tuned_kernels']} kernels)", _x(s["frac_hand_tuned_geomean"])),
         ("search crashes", str(s["errors"])),
         ("tiers of the speedups", ", ".join(f"{k or '-'}: {v}" for k, v in s["tiers"].items()) or "-"),
@@ -87,6 +101,30 @@ def render_markdown(rows: Sequence[Row], summary: Mapping[str, Any], meta: Mappi
             "; ".join(n for n in notes if n)[:200],
         ]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    recorded = [r for r in rows if r.suite]
+    if recorded:
+        lines += [
+            "",
+            f"The suite's own record beside ours ({recorded[0].suite.get('tier', '') if recorded[0].suite else ''}):",
+            "",
+        ]
+        lines += [
+            "| kernel | suite: XLA original | suite: its kernel | suite: XLA / kernel | ours: XLA / input | ours: XLA / best | import |"
+        ]
+        lines += ["| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in recorded:
+            rec = r.suite or {}
+            o, g = rec.get("original_ms"), rec.get("generated_ms")
+            cells = [
+                f"`{r.kernel}`",
+                f"{o} ms" if o is not None else "-",
+                f"{g} ms" if g is not None else "-",
+                _x(r.suite_speedup),
+                _x(r.baseline_vs_xla),
+                _x(r.vs_xla),
+                "; ".join(rec.get("fixed", [])) or "-",
+            ]
+            lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     lines += ["", "How each XLA / hand-tuned estimate was made:", ""]
     for r in rows:
         for e in (r.xla, r.hand_tuned):

@@ -52,6 +52,14 @@ class Row:
     xla: Estimate | None = None
     hand_tuned: Estimate | None = None
     error: str | None = None
+    suite: dict[str, Any] | None = None  # an external suite's own record (times, their tier) and import notes
+
+    @property
+    def suite_speedup(self) -> float | None:
+        """The suite's recorded original (XLA) time / its kernel's time: how the kernel fared in the suite itself."""
+        rec = self.suite or {}
+        o, g = rec.get("original_ms"), rec.get("generated_ms")
+        return o / g if isinstance(o, int | float) and isinstance(g, int | float) and g > 0 else None
 
     @property
     def ok(self) -> bool:
@@ -68,6 +76,14 @@ class Row:
         return self._ratio(self.xla)
 
     @property
+    def baseline_vs_xla(self) -> float | None:
+        """XLA reference time / the input kernel's time (same tier): where the kernel stood before the search."""
+        x = self.xla
+        if x is None or x.time_s is None or not self.baseline_s or x.tier != self.tier or self.error:
+            return None
+        return x.time_s / self.baseline_s
+
+    @property
     def frac_hand_tuned(self) -> float | None:
         """Hand-tuned time / best time: above 1 the optimized kernel beats the hand-tuned one."""
         return self._ratio(self.hand_tuned)
@@ -79,6 +95,8 @@ class Row:
             "xla": self.xla.to_dict() if self.xla else None,
             "hand_tuned": self.hand_tuned.to_dict() if self.hand_tuned else None,
             "vs_xla": self.vs_xla,
+            "baseline_vs_xla": self.baseline_vs_xla,
+            "suite_speedup": self.suite_speedup,
             "frac_hand_tuned": self.frac_hand_tuned,
         }
 
@@ -105,6 +123,8 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
     eff = [effective_speedup(r) for r in rows]
     vs_xla = [v for r in rows if (v := r.vs_xla) is not None]
     frac_ht = [v for r in rows if (v := r.frac_hand_tuned) is not None]
+    base_xla = [v for r in rows if (v := r.baseline_vs_xla) is not None]
+    suite = [v for r in rows if (v := r.suite_speedup) is not None]
     done = [r for r in rows if r.error is None]
     tiers = Counter(r.tier for r in done)
     one_tier = len(tiers) == 1 and all(r.baseline_s and r.best_s for r in done)
@@ -118,6 +138,10 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
         "vs_xla_geomean": geomean(vs_xla),
         "vs_xla_kernels": len(vs_xla),
         "beats_xla": sum(v > 1.0 for v in vs_xla),
+        "baseline_vs_xla_geomean": geomean(base_xla),
+        "baseline_vs_xla_kernels": len(base_xla),
+        "suite_speedup_geomean": geomean(suite),
+        "suite_speedup_kernels": len(suite),
         "frac_hand_tuned_geomean": geomean(frac_ht),
         "hand_tuned_kernels": len(frac_ht),
         "tiers": dict(tiers),

@@ -9,7 +9,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -128,13 +128,22 @@ def _add_bench(sub: Any) -> None:
         help=f"{len(QUICK_KERNELS)} representative kernels, beam "
         f"{QUICK_SEARCH[0]}, depth {QUICK_SEARCH[1]} (a few minutes)",
     )
-    p.add_argument("--target", default="v5e")
+    p.add_argument("--target", default=None, help="chip (default v5e; v6e with --jaxbench, the chip of its numbers)")
     p.add_argument("--beam", type=int, default=None, help=f"default {SUITE_SEARCH[0]} ({QUICK_SEARCH[0]} with --quick)")
     p.add_argument(
         "--depth", type=int, default=None, help=f"default {SUITE_SEARCH[1]} ({QUICK_SEARCH[1]} with --quick)"
     )
     p.add_argument("--kernels", default="", help="comma-separated globs on kernel file names, e.g. 'llm_*'")
     p.add_argument("--suite", default="bench/kernels", help="folder of kernel modules")
+    p.add_argument("--jaxbench", metavar="DIR", help="a local JAXBench checkout: its tasks with a Pallas kernel")
+    p.add_argument(
+        "--generated", metavar="MODEL", help="with --jaxbench: the LLM kernels of pallas_eval/generated/MODEL"
+    )
+    p.add_argument(
+        "--all-generated", action="store_true", help="with --generated: also the tasks the suite marks incorrect"
+    )
+    p.add_argument("--maxkernel", metavar="DIR", help="MaxKernel task folders (reference.py) below DIR")
+    p.add_argument("--kernels-from", metavar="DIR", help="with --maxkernel: DIR/<task>/optimized.py or DIR/<task>.py")
     p.add_argument("--out", default="bench/results", help="folder for the JSON / Markdown / PNG results")
     p.add_argument("--db", default=None, help="kernel database (default OUT/bench.db): a rerun resumes from it")
     p.add_argument("--budget-seconds", type=float, default=None, help="search budget per kernel")
@@ -157,22 +166,58 @@ def _resolve_suite(suite: str) -> Path:
     return p
 
 
+def _external(args: argparse.Namespace, out: Path, patterns: Sequence[str]) -> tuple[list[Path], list[Row], dict]:
+    """--jaxbench / --maxkernel: the suite's tasks imported into OUT/modules; import failures as error rows."""
+    from .suites import SUITE_TIMES_NOTE, import_tasks, jaxbench_tasks, maxkernel_tasks
+
+    if args.jaxbench and args.maxkernel:
+        raise UsageError("give --jaxbench or --maxkernel, not both")
+    if args.jaxbench:
+        tasks = jaxbench_tasks(Path(args.jaxbench), args.generated, all_generated=args.all_generated)
+    else:
+        tasks = maxkernel_tasks(Path(args.maxkernel), Path(args.kernels_from) if args.kernels_from else None)
+    if patterns:
+        tasks = [t for t in tasks if any(fnmatch.fnmatch(t.name, g) for g in patterns)]
+    imported = import_tasks(tasks, out / "modules")
+    failed = [Row(kernel=i.task.name, path=str(i.task.task), error=i.error) for i in imported if i.module is None]
+    notes: dict[str, dict[str, Any]] = {}
+    for i in imported:
+        rec = dict(i.task.recorded)
+        if rec:
+            rec["tier"] = SUITE_TIMES_NOTE
+        if i.fixed:
+            rec["fixed"] = list(i.fixed)
+        rec["task"], rec["kernel_file"] = str(i.task.task), str(i.task.kernel)
+        notes[i.task.name] = rec
+    return [i.module for i in imported if i.module is not None], failed, notes
+
+
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from ..optimize import resolve_target
 
-    chip = resolve_target(args.target)
+    external = bool(args.jaxbench or args.maxkernel)
+    chip = resolve_target(args.target or ("v6e" if args.jaxbench else "v5e"))
     beam, depth = QUICK_SEARCH if args.quick else SUITE_SEARCH
     beam, depth = args.beam or beam, depth if args.depth is None else args.depth
     patterns = tuple(g.strip() for g in args.kernels.split(",") if g.strip())
-    kernels = find_kernels(_resolve_suite(args.suite), patterns, args.quick)
-    if not kernels:
-        raise UsageError("no kernel matches", hint=f"check --suite {args.suite} and --kernels {args.kernels!r}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    failed: list[Row] = []
+    notes: dict[str, dict[str, Any]] = {}
+    if external:
+        kernels, failed, notes = _external(args, out, patterns)
+        if not kernels and not failed:
+            raise UsageError("no task with a Pallas kernel found", hint="check the folder and --generated")
+    else:
+        kernels = find_kernels(_resolve_suite(args.suite), patterns, args.quick)
+    if not kernels and not failed:
+        raise UsageError("no kernel matches", hint=f"check --suite {args.suite} and --kernels {args.kernels!r}")
+
     db = Path(args.db) if args.db else out / "bench.db"
     estimator = None if args.no_compile else CompilerEstimator(chip, db.with_name(db.stem + ".estimates.json"))
     date = datetime.date.today().isoformat()
-    stem = f"{chip.name}-{date}" + ("-quick" if args.quick else "")
+    suite = "jaxbench" + (f"-{args.generated}" if args.generated else "") if args.jaxbench else "maxkernel"
+    stem = (f"{suite}-" if external else "") + f"{chip.name}-{date}" + ("-quick" if args.quick else "")
     meta: dict[str, Any] = {
         "command": _command_line(args),
         "target": chip.name,
@@ -182,7 +227,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         "depth": depth,
         "jobs": args.jobs,
         "budget_seconds": args.budget_seconds,
-        "kernels": [k.stem for k in kernels],
+        "kernels": [k.stem for k in kernels] + [r.kernel for r in failed],
+        "suite": suite if external else str(args.suite),
         "db": str(db),
         "machine": machine(),
         "versions": _versions(),
@@ -198,6 +244,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         meta,
         console=console,
         estimator=estimator,
+        failed=failed,
+        notes=notes,
         target=chip.name,
         beam=beam,
         depth=depth,
@@ -221,11 +269,15 @@ def run_suite(
     *,
     console: Console,
     estimator: Estimator | None,
+    failed: Sequence[Row] = (),
+    notes: Mapping[str, dict[str, Any]] | None = None,
     **opts: Any,
 ) -> tuple[list[Row], dict[str, Path]]:
     """Bench `kernels` one by one (a line per kernel, a rich status while it runs), rewriting the results after
-    each so an interrupted suite leaves what it finished. `opts` go to `optimize()`."""
-    rows: list[Row] = []
+    each so an interrupted suite leaves what it finished. `opts` go to `optimize()`. `failed`: rows of kernels
+    that could not even be loaded (listed first); `notes`: a suite's own record per kernel stem (Row.suite)."""
+    notes = notes or {}
+    rows: list[Row] = [replace(r, suite=notes.get(r.kernel)) for r in failed]
     paths: dict[str, Path] = {}
     start = time.perf_counter()
     try:
@@ -233,6 +285,7 @@ def run_suite(
             head = f"[{i}/{len(kernels)}] {path.stem}"
             with console.status(f"{head}: baseline...") as status:
                 row = bench_kernel(path, estimator=estimator, progress=_StatusLine(status, head), **opts)
+            row = replace(row, suite=notes.get(path.stem))
             rows.append(row)
             console.print(_row_line(i, len(kernels), row))
             meta["wall_s"] = time.perf_counter() - start
@@ -246,7 +299,11 @@ def run_suite(
 
 def _command_line(args: argparse.Namespace) -> str:
     """The command as parsed (canonical option order), for the results' header."""
-    words = ["pallasopt bench"] + ["--quick"] * args.quick + [f"--target {args.target}"]
+    words = ["pallasopt bench"] + ["--quick"] * args.quick + [f"--target {args.target}"] * bool(args.target)
+    for name in ("jaxbench", "generated", "maxkernel", "kernels_from"):
+        if getattr(args, name, None):
+            words.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
+    words += ["--all-generated"] * bool(getattr(args, "all_generated", False))
     for name in ("beam", "depth", "budget_seconds"):
         if getattr(args, name) is not None:
             words.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
