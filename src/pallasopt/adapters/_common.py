@@ -49,6 +49,7 @@ class SuiteWorkload:
     options: dict[str, Any] = field(default_factory=dict)  # loader keywords the template repeats (dtype, case)
     notes: tuple[str, ...] = ()  # what the import noticed and the user should know
     dims_of: Callable[..., dict[str, int]] | None = None  # dims_of(*args): the dims that built these inputs
+    full_args: Callable[..., tuple[Any, ...]] | None = None  # full_args(*args): with the static scalars put back
 
     @contextlib.contextmanager
     def kernel_globals(self, namespace: dict[str, Any], *args: Any) -> Iterator[None]:
@@ -68,6 +69,25 @@ class SuiteWorkload:
             for k in [*dims, "CONFIG"]:
                 if k in saved:
                     namespace[k] = saved[k]
+
+    def args_for(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
+        """The arguments a kernel's function takes: the builder's outputs with its static scalars put back, or
+        only the arrays when the kernel takes just those (a kernel file with its own create_inputs may drop a
+        size it derives from the shapes, as JAXBench's 11p_Megablox_GMM/optimized.py does)."""
+        full = self.full_args(*args) if self.full_args is not None else args
+        names, star = _positional_names(fn)
+        if star or len(names) == len(full):
+            return full
+        if len(names) == len(args):
+            return args
+        shapes = ", ".join(f"{a.dtype}{list(a.shape)}" if hasattr(a, "shape") else repr(a) for a in full)
+        raise KernelError(
+            f"the kernel's {getattr(fn, '__name__', 'function')}({', '.join(names)}) takes {len(names)} arguments; "
+            f"the task's builder gives {len(full)} ({shapes})",
+            path=getattr(getattr(fn, "__code__", None), "co_filename", None),
+            line=getattr(getattr(fn, "__code__", None), "co_firstlineno", None),
+            hint="the kernel was written for other inputs: pair it with its own task, or adapt its signature",
+        )
 
     def static_args(self, *args: Any) -> list[Any]:
         """MaxKernel: the static args `get_inputs` returned beside these dynamic args."""
@@ -205,13 +225,24 @@ Build = Callable[[Any, dict[str, int]], tuple[tuple[Any, ...], dict[str, Any]]]
 Call = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 
 
+def _is_scalar(x: Any) -> bool:
+    """A Python number among a builder's outputs: a static argument (a size, a flag), never a traced array."""
+    return isinstance(x, bool | int | float | complex | str) or x is None
+
+
 class _Bridge:
-    """make_inputs/reference for one suite module; remembers which parameters built inputs of which shapes."""
+    """make_inputs/reference for one suite module; remembers which parameters built inputs of which shapes.
+
+    Python scalars among the builder's outputs (JAXBench's ``max_expert_size``) are static: make_inputs leaves them
+    out (they would become int32 arrays under jit), and `full_args` puts them back where the suite's functions
+    expect them."""
 
     def __init__(self, path: str, dims: dict[str, int], build: Build, call: Call, hand: Call | None) -> None:
         self.path, self.dims, self._build, self._call, self._hand = path, dims, build, call, hand
         self._seen: dict[Signature, dict[str, Any]] = {}
         self._dims_seen: dict[Signature, dict[str, int]] = {}
+        self._static_seen: dict[Signature, tuple[int, dict[int, Any]]] = {}
+        self.default_static: tuple[int, ...] = ()  # positions of the static scalars at the default dims
 
     def make_inputs(self, key: Any, **dims: int) -> tuple[Any, ...]:
         unknown = sorted(set(dims) - set(self.dims))
@@ -220,9 +251,13 @@ class _Bridge:
                 f"make_inputs got unknown dims {unknown}", path=self.path, hint=f"its dims are {sorted(self.dims)}"
             )
         full = {**self.dims, **{k: int(v) for k, v in dims.items()}}
-        args, params = self._build(key, full)
-        self._seen[_signature(args)] = params
-        self._dims_seen[_signature(args)] = full
+        built, params = self._build(key, full)
+        static = {i: a for i, a in enumerate(built) if _is_scalar(a)}
+        args = tuple(a for i, a in enumerate(built) if i not in static)
+        sig = _signature(args)
+        self._seen[sig], self._dims_seen[sig], self._static_seen[sig] = params, full, (len(built), static)
+        if full == self.dims:
+            self.default_static = tuple(static)
         return args
 
     def params(self, *args: Any) -> dict[str, Any]:
@@ -243,12 +278,19 @@ class _Bridge:
         self.params(*args)
         return dict(self._dims_seen[_signature(args)])
 
+    def full_args(self, *args: Any) -> tuple[Any, ...]:
+        """`args` with the builder's static scalars put back in their places."""
+        self.params(*args)
+        n, static = self._static_seen[_signature(args)]
+        dyn = iter(args)
+        return tuple(static[i] if i in static else next(dyn) for i in range(n))
+
     def reference(self, *args: Any) -> Any:
-        return self._call(args, self.params(*args))
+        return self._call(self.full_args(*args), self.params(*args))
 
     def hand_tuned(self, *args: Any) -> Any:
         assert self._hand is not None
-        return self._hand(args, self.params(*args))
+        return self._hand(self.full_args(*args), self.params(*args))
 
 
 # ---------------------------------------------------------------- reading suite files
@@ -345,6 +387,10 @@ def _finish(
     if survey:
         count = _survey(bridge, source, builder, notes)
     names, star = arg_names
+    if not star and not re.search(r"\b(np|numpy)\.random\b", source):
+        if count is None:
+            jax.eval_shape(lambda: bridge.make_inputs(jax.random.key(0)))  # learns where the static scalars sit
+        names = [n for i, n in enumerate(names) if i not in bridge.default_static]
     if count is None:
         count = len(names) if not star else 0
     args = tuple(names[:count]) if not star and len(names) >= count else tuple(f"arg{i}" for i in range(count))
@@ -359,6 +405,7 @@ def _finish(
         arg_names=args,
         params=bridge.params,
         dims_of=bridge.dims_of,
+        full_args=bridge.full_args,
         hand_tuned=bridge.hand_tuned if hand[1] is not None else None,
         hand_tuned_path=hand[1],
         hand_tuned_source=hand[0] if hand[1] is not None else None,

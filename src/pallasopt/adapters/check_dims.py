@@ -12,6 +12,7 @@ images of 128x128 costs minutes to interpret.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,9 @@ from ..harness.check_dims import derive_check_dims
 from ..ir.trace import arg_structs, trace_calls
 from ..workload import Workload, load_source
 
+# Integers that configure the operation rather than size it (KernelBench's module-level kernel_size, stride,
+# padding...): shrinking them changes what is computed (a 1-wide max pool over padding), so the check keeps them.
+HYPERPARAMETER = re.compile(r"kernel_size|stride|padding|dilation|groups|axis|reduce_dim")
 FLOOR = 128  # one TPU lane row: the smallest size at which a dim still exercises a (8, 128)-tiled block
 BUDGET = 1 << 20  # the largest operand (elements) flooring may leave; FACTS.md: interpret cost grows with it
 
@@ -40,7 +44,8 @@ def import_check_dims(text: str, path: str) -> dict[str, int] | None:
     """Check dims for the module `text` (labelled `path`): None when the defaults are already small."""
     workload = load_source(text, path)
     at_default = lowers_for_tpu(workload, workload.dims)
-    dims = _floored(workload, derive_check_dims(workload))
+    derived = derive_check_dims(workload)
+    dims = _floored(workload, {k: workload.dims[k] if HYPERPARAMETER.search(k) else v for k, v in derived.items()})
     if at_default:
         # The kernel does not lower for TPU even at its own size (e.g. an unsupported op): the check runs in
         # interpret mode all the same; only the interpreter's constraints apply to the derived dims.

@@ -86,10 +86,15 @@ _KNOWN: dict[str, dict[str, tuple[str, bool]]] = {
         "TPUCompilerParams": ("pltpu.CompilerParams (same fields)", True),
         "TPUMemorySpace": ("pltpu.MemorySpace", True),
         "semaphore": ("pl.semaphore", False),
+        "ANY": ("pl.ANY (the memory space moved to jax.experimental.pallas)", True),
     },
-    "jax.experimental.pallas": {},
+    "jax.experimental.pallas": {
+        "store": ("indexing: `ref[idx] = value` (pl.store was removed)", False),
+        "load": ("indexing: `ref[idx]` (pl.load was removed)", False),
+    },
 }
 _RENAMES = {"TPUCompilerParams": "CompilerParams", "TPUMemorySpace": "MemorySpace"}
+_PALLAS_ALIAS = "_pallasopt_pl"  # appended `import jax.experimental.pallas as _pallasopt_pl`, for moved names
 REPEAT_HELPER = "_pallasopt_repeat"
 
 
@@ -156,17 +161,25 @@ def fix_api(code: str) -> tuple[str, tuple[Drift, ...]]:
     if not drifts:
         return code, ()
     lines = code.splitlines(keepends=True)
-    uses_repeat = False
+    uses_repeat = uses_pl = False
     for d in sorted(drifts, key=lambda d: (d.line, d.col), reverse=True):
         attr = d.name.rsplit(".", 1)[1]
-        new = REPEAT_HELPER if attr == "repeat" else d.name.rsplit(".", 1)[0] + "." + _RENAMES[attr]
+        if attr == "repeat":
+            new = REPEAT_HELPER
+        elif attr == "ANY":
+            new = f"{_PALLAS_ALIAS}.ANY"
+        else:
+            new = d.name.rsplit(".", 1)[0] + "." + _RENAMES[attr]
         uses_repeat |= attr == "repeat"
+        uses_pl |= attr == "ANY"
         raw = lines[d.line - 1].encode("utf-8")
         end = d.col + len(d.name.encode("utf-8"))
         if raw[d.col : end].decode("utf-8") != d.name:
             continue  # written across lines or with spaces: leave it, the drift check still reports it
         lines[d.line - 1] = (raw[: d.col] + new.encode("utf-8") + raw[end:]).decode("utf-8")
     out = "".join(lines)
+    if uses_pl:
+        out = out.rstrip("\n") + f"\n\nimport jax.experimental.pallas as {_PALLAS_ALIAS}  # pallasopt import --fix-api\n"
     if uses_repeat:
         out = out.rstrip("\n") + "\n\n\n" + _REPEAT_SOURCE
     return out, tuple(drifts)

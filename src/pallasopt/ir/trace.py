@@ -39,6 +39,8 @@ def trace_entry(workload: Workload, dims: Mapping[str, int] | None = None) -> An
     structs = arg_structs(workload, dims)
     try:
         return jax.make_jaxpr(workload.entry)(*structs)
+    except KernelError:
+        raise  # already one line naming the file and what to do (e.g. a suite adapter's argument mismatch)
     except (Exception, SystemExit) as e:
         raise KernelError(
             f"tracing the entry {workload.spec.entry!r} failed: {type(e).__name__}: {short(e)}",
