@@ -179,7 +179,9 @@ def fix_api(code: str) -> tuple[str, tuple[Drift, ...]]:
         lines[d.line - 1] = (raw[: d.col] + new.encode("utf-8") + raw[end:]).decode("utf-8")
     out = "".join(lines)
     if uses_pl:
-        out = out.rstrip("\n") + f"\n\nimport jax.experimental.pallas as {_PALLAS_ALIAS}  # pallasopt import --fix-api\n"
+        out = (
+            out.rstrip("\n") + f"\n\nimport jax.experimental.pallas as {_PALLAS_ALIAS}  # pallasopt import --fix-api\n"
+        )
     if uses_repeat:
         out = out.rstrip("\n") + "\n\n\n" + _REPEAT_SOURCE
     return out, tuple(drifts)

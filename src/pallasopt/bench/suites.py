@@ -37,6 +37,7 @@ class SuiteTask:
     task: Path
     kernel: Path | None
     recorded: dict[str, Any] = field(default_factory=dict)
+    fmt: str = "auto"  # the task's format where the suite's layout says it
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def jaxbench_tasks(root: Path, generated: str | None = None, *, all_generated: b
         for d in sorted((root / "priority_kernels").glob("*/")):
             kernel = next((d / n for n in KERNEL_FILES if (d / n).is_file()), None)
             if kernel is not None and (d / "baseline.py").is_file():
-                out.append(SuiteTask(f"priority_{d.name}", d, kernel))
+                out.append(SuiteTask(f"priority_{d.name}", d, kernel, fmt="jaxbench"))
         return out
     gen = root / "pallas_eval" / "generated" / generated
     if not gen.is_dir():
@@ -81,15 +82,16 @@ def jaxbench_tasks(root: Path, generated: str | None = None, *, all_generated: b
     for kernel in sorted(gen.glob("*/*.py")):
         group, name = kernel.parent.name, kernel.stem
         if group.startswith("jaxkernelbench_"):
-            task = root / "jaxkernelbench" / group.removeprefix("jaxkernelbench_") / f"{name}.py"
+            task, fmt = root / "jaxkernelbench" / group.removeprefix("jaxkernelbench_") / f"{name}.py", "kernelbench"
         elif group == "priority_kernels":
-            task = root / "priority_kernels" / name
+            task, fmt = root / "priority_kernels" / name, "jaxbench"
         else:
             continue
         rec = recorded.get(name, {})
         if not all_generated and not rec.get("correct"):
             continue
-        out.append(SuiteTask(name, task, kernel, {k: rec[k] for k in ("original_ms", "generated_ms") if k in rec}))
+        times: dict[str, Any] = {k: rec[k] for k in ("original_ms", "generated_ms") if k in rec}
+        out.append(SuiteTask(name, task, kernel, times, fmt))
     return out
 
 
@@ -110,7 +112,7 @@ def maxkernel_tasks(root: Path, kernels_from: Path | None = None) -> list[SuiteT
             except PallasoptError:
                 continue
         if kernel is not None:
-            out.append(SuiteTask(d.name, d, kernel))
+            out.append(SuiteTask(d.name, d, kernel, fmt="maxkernel"))
     return out
 
 
@@ -123,7 +125,7 @@ def import_tasks(tasks: Sequence[SuiteTask], out_dir: Path, *, fix_api: bool = T
     for t in tasks:
         module = out_dir / f"{t.name}.py"
         try:
-            imported = import_task(locate(t.task), kernel_path=t.kernel, fix=fix_api, out_path=module)
+            imported = import_task(locate(t.task, t.fmt), kernel_path=t.kernel, fix=fix_api, out_path=module)
             if imported.stub:
                 raise UsageError("no kernel for this task")
             module.write_text(imported.text, encoding="utf-8")
