@@ -158,3 +158,30 @@ def test_import_help_and_the_older_spelling() -> None:
     assert r.returncode == 0 and "--kernel" in r.stdout and "--case" in r.stdout
     r = pallasopt("import", "--jaxbench", "nope", "-o", "x.py")
     assert r.returncode == 2 and "nope: no such file" in r.stderr
+
+
+def test_kernelbench_sizes_written_inline_in_get_inputs() -> None:
+    source = """
+import jax
+import jax.numpy as jnp
+
+class Model:
+    def __init__(self, c):
+        self.scale = jnp.ones((c,))
+
+    def forward(self, x):
+        return x * self.scale[:, None]
+
+def get_inputs():
+    key = jax.random.PRNGKey(0)
+    x = jax.random.uniform(key, (256, 384))
+    return [x]
+
+def get_init_inputs():
+    return [256]
+"""
+    sw = kernelbench_from_source(source, "inline.py")
+    assert sw.dims == {"x_0": 256, "x_1": 384}
+    x, scale = sw.make_inputs(jax.random.key(0), x_1=128)
+    assert x.shape == (256, 128) and scale.shape == (256,)
+    np.testing.assert_allclose(np.asarray(sw.reference(x, scale)), np.asarray(x) * np.asarray(scale)[:, None])

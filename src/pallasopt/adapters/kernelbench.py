@@ -86,6 +86,33 @@ def module_dims(tree: ast.Module) -> tuple[dict[str, int], list[tuple[int, int, 
     return dims, sites
 
 
+def inline_dims(tree: ast.Module) -> tuple[dict[str, int], list[tuple[int, int, int, str]]]:
+    """Sizes written inline in ``get_inputs``'s shape tuples (``x = uniform(key, (16, 32, 64))``): named
+    ``<var>_<axis>`` (x_0, x_1, x_2). 19 of JAXBench's KernelBench tasks have no module-level sizes, only these."""
+    func = _top_names(tree).get("get_inputs")
+    dims: dict[str, int] = {}
+    sites: list[tuple[int, int, int, str]] = []
+    if not isinstance(func, ast.FunctionDef):
+        return dims, sites
+    for stmt in ast.walk(func):
+        if not isinstance(stmt, ast.Assign) or not isinstance(stmt.targets[0], ast.Name):
+            continue
+        var = stmt.targets[0].id
+        for node in ast.walk(stmt.value):
+            if not isinstance(node, ast.Tuple) or len(node.elts) < 2:
+                continue
+            values = [_const_int(e) if isinstance(e, ast.Constant) else None for e in node.elts]
+            if any(v is None or v < 1 for v in values):
+                continue
+            for i, (e, v) in enumerate(zip(node.elts, values, strict=True)):
+                name = f"{var}_{i}"
+                if v is not None and name not in dims and e.end_col_offset is not None:
+                    dims[name] = v
+                    sites.append((e.lineno, e.col_offset, e.end_col_offset, name))
+            break  # the first shape tuple of the statement
+    return dims, sites
+
+
 def _is_array(x: Any) -> bool:
     return isinstance(x, jax.Array | np.ndarray | jax.ShapeDtypeStruct) or (
         hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, np.generic)
@@ -123,6 +150,8 @@ def kernelbench_from_source(source: str, path: str, *, name: str | None = None, 
     needed = {"Model": "the reference model", "get_inputs": "the input builder", "get_init_inputs": "Model's args"}
     _require(tree, path, needed, "KernelBench task file", ("CONFIG", "workload", "JAXBench workload"))
     dims, sites = module_dims(tree)
+    if not dims:
+        dims, sites = inline_dims(tree)
     rewritten = wrap_dim_sites(source, sites)
     modules: dict[tuple[tuple[str, int], ...], Any] = {}
 
