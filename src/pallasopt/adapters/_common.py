@@ -70,20 +70,21 @@ class SuiteWorkload:
                 if k in saved:
                     namespace[k] = saved[k]
 
-    def args_for(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
+    def args_for(self, fn: Callable[..., Any], *args: Any, extra: int = 0) -> tuple[Any, ...]:
         """The arguments a kernel's function takes: the builder's outputs with its static scalars put back, or
         only the arrays when the kernel takes just those (a kernel file with its own create_inputs may drop a
-        size it derives from the shapes, as JAXBench's 11p_Megablox_GMM/optimized.py does)."""
+        size it derives from the shapes, as JAXBench's 11p_Megablox_GMM/optimized.py does). `extra`: how many
+        more arguments the caller appends (MaxKernel's static args)."""
         full = self.full_args(*args) if self.full_args is not None else args
         names, star = _positional_names(fn)
-        if star or len(names) == len(full):
+        if star or len(names) == len(full) + extra:
             return full
-        if len(names) == len(args):
+        if len(names) == len(args) + extra:
             return args
         shapes = ", ".join(f"{a.dtype}{list(a.shape)}" if hasattr(a, "shape") else repr(a) for a in full)
         raise KernelError(
             f"the kernel's {getattr(fn, '__name__', 'function')}({', '.join(names)}) takes {len(names)} arguments; "
-            f"the task's builder gives {len(full)} ({shapes})",
+            f"the task gives {len(full) + extra} ({shapes}" + (f", and {extra} static" if extra else "") + ")",
             path=getattr(getattr(fn, "__code__", None), "co_filename", None),
             line=getattr(getattr(fn, "__code__", None), "co_firstlineno", None),
             hint="the kernel was written for other inputs: pair it with its own task, or adapt its signature",
@@ -93,6 +94,11 @@ class SuiteWorkload:
         """MaxKernel: the static args `get_inputs` returned beside these dynamic args."""
         assert self.params is not None
         return list(self.params(*args).values())
+
+    def maxkernel_args(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
+        """MaxKernel: what `computation` takes: the dynamic args, then the static args."""
+        static = self.static_args(*args)
+        return (*self.args_for(fn, *args, extra=len(static)), *static)
 
     def run_model(self, model_cls: Any, *args: Any) -> Any:
         """KernelBench: `model_cls(*get_init_inputs())` with the parameters from `args`, applied to the inputs."""

@@ -177,7 +177,7 @@ def _entry_body(kind: str, args: str) -> list[str]:
     call = {
         "model": f"_SUITE.run_model(Model, {args})",
         "workload": f"workload(*_SUITE.args_for(workload, {args}))",
-        "computation": f"computation(*_SUITE.args_for(computation, {args}), *_SUITE.static_args({args}))",
+        "computation": f"computation(*_SUITE.maxkernel_args(computation, {args}))",
     }[kind]
     what = {
         "model": "the kernel's Model.forward, the task's parameters set from the arguments",
