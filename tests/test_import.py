@@ -103,7 +103,7 @@ def test_jaxbench_folder_uses_its_optimized_kernel(tmp_path: Path) -> None:
     r = pallasopt("import", str(FIX / "jaxbench" / "12p_RMSNorm"), "-o", str(out))
     assert r.returncode == 0, r.stderr
     text = out.read_text()
-    assert "optimized.py" in text.splitlines()[0] and "return workload(x, scale)" in text
+    assert "optimized.py" in text.splitlines()[0] and "return workload(*_SUITE.args_for(workload, x, scale))" in text
     assert pallasopt("check", str(out)).returncode == 0
 
 
