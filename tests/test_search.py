@@ -140,6 +140,31 @@ def test_time_budget_stops_compiles_and_checks_mid_depth(matmul_ir, monkeypatch)
     assert out.stop_reason == "budget" and out.best is out.baseline
 
 
+def test_time_budget_keeps_room_to_check_what_it_compiled(matmul_ir, monkeypatch) -> None:
+    """Compiling stops while one check still fits: the best compiled candidate is verified before the budget ends
+    (before, the last compile ate the budget and the run kept the baseline although a better kernel was found)."""
+    import pallasopt.search.beam as beam_mod
+
+    clock = FakeClock()
+    monkeypatch.setattr(beam_mod, "time", clock)
+
+    class SlowTiers(FakeTiers):
+        def compiler(self, ir: KernelIR) -> TierResult | None:
+            clock.now += 100.0
+            return super().compiler(ir)
+
+        def check(self, ir: KernelIR, seeds: tuple[int, int]) -> TierResult:
+            clock.now += 40.0
+            return super().check(ir, seeds)
+
+    tiers = SlowTiers()
+    out = run(matmul_ir, tiers, budget_seconds=300.0)
+    # baseline compile (t=100) and check (t=140: a check costs 40 s); one compile (t=240) leaves 60 s, not more
+    # than 1.5 checks, so compiling stops and the compiled candidate is checked (t=280) within the budget.
+    assert tiers.calls["compiler"] == 2 and tiers.calls["check"] == 2
+    assert out.best is not out.baseline and out.best.passed("check") and clock.now <= 300.0
+
+
 def test_checks_are_limited_to_what_can_enter_the_beam(matmul_ir) -> None:
     tiers = FakeTiers()
     run(matmul_ir, tiers, beam=2, depth=1)

@@ -111,6 +111,10 @@ def beam_search(
     def out_of_time() -> bool:
         return config.budget_seconds is not None and time.perf_counter() - start > config.budget_seconds
 
+    def compile_time_left() -> bool:
+        left = None if config.budget_seconds is None else config.budget_seconds - (time.perf_counter() - start)
+        return left is None or left > 1.5 * check_s
+
     def budget_left() -> bool:
         return not out_of_time() and (config.max_candidates is None or len(nodes) < config.max_candidates)
 
@@ -120,7 +124,12 @@ def beam_search(
     comp = evaluator.compiler(base)
     if comp is not None:
         root.results["compiler"] = comp
+    t_check = time.perf_counter()
     root.results["check"] = evaluator.check(base, seeds)
+    # What one check costs here (its own record when it came from the database): compiling stops this long before
+    # the budget ends, so the candidates it ranked best still get their check (else the budget would end with
+    # compiled winners that were never verified, and the run would keep the baseline).
+    check_s = max(time.perf_counter() - t_check, float(root.results["check"].data.get("wall_s") or 0.0))
     evaluations += 3
     if not root.passed("check"):
         raise BaselineIncorrect(root.results["check"].message)
@@ -178,7 +187,7 @@ def beam_search(
             # candidates drop out: the budget is a promise to the user, not a hint).
             with ThreadPoolExecutor(jobs) as pool:
                 for i in range(0, len(alive), jobs):
-                    if out_of_time():
+                    if out_of_time() or not compile_time_left():
                         stop = "budget"
                         break
                     batch = alive[i : i + jobs]
