@@ -185,3 +185,40 @@ def get_init_inputs():
     x, scale = sw.make_inputs(jax.random.key(0), x_1=128)
     assert x.shape == (256, 128) and scale.shape == (256,)
     np.testing.assert_allclose(np.asarray(sw.reference(x, scale)), np.asarray(x) * np.asarray(scale)[:, None])
+
+
+ODD_MULTIPLE = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BN = 256
+
+
+def _kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0
+
+
+def double(x):
+    m, n = x.shape
+    spec = pl.BlockSpec((256, BN), lambda i, j: (i, j))
+    return pl.pallas_call(_kernel, grid=(m // 256, n // BN), in_specs=[spec], out_specs=spec,
+                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+def reference(x):
+    return x * 2.0
+
+
+def make_inputs(key, M=512, N=7 * 256):
+    return (jax.random.normal(key, (M, N)),)
+"""
+
+
+def test_check_dims_shrink_a_dim_that_halving_cannot() -> None:
+    """N = 7 blocks: halving gives 3.5 blocks (not covered), so the oracle's derivation keeps the full N; the
+    import tries exact divisors and finds 2 blocks (the issue's 'N=14336' case, JAXBench 8p_GEMM)."""
+    from pallasopt.adapters.check_dims import import_check_dims
+
+    dims = import_check_dims(ODD_MULTIPLE.replace("N=7 * 256", "N=1792"), "odd.py")
+    assert dims == {"M": 512, "N": 512}

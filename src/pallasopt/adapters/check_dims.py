@@ -27,6 +27,7 @@ from ..workload import Workload, load_source
 # padding...): shrinking them changes what is computed (a 1-wide max pool over padding), so the check keeps them.
 HYPERPARAMETER = re.compile(r"kernel_size|stride|padding|dilation|groups|axis|reduce_dim")
 FLOOR = 128  # one TPU lane row: the smallest size at which a dim still exercises a (8, 128)-tiled block
+MAX_TRIES = 8  # divisor candidates tried per dim (each costs a trace and a TPU lowering)
 BUDGET = 1 << 20  # the largest operand (elements) flooring may leave; FACTS.md: interpret cost grows with it
 
 
@@ -55,7 +56,45 @@ def import_check_dims(text: str, path: str) -> dict[str, int] | None:
         if grown == dims:
             raise KernelError(f"no check dims lower for TPU: {lowers_for_tpu(workload, dims)}", path=path)
         dims = grown
-    return _changed(dims, workload.dims)
+    return _changed(_shrunk(workload, dims, floor=True), workload.dims)
+
+
+def _accepted(workload: Workload, dims: dict[str, int]) -> bool:
+    """The oracle takes `dims` as CHECK_DIMS (traces, covers, >= 2 grid steps per axis) and it lowers for TPU."""
+    module = workload.module
+    had, old = hasattr(module, "CHECK_DIMS"), getattr(module, "CHECK_DIMS", None)
+    setattr(module, "CHECK_DIMS", dims)  # noqa: B010 (a module's attribute mypy cannot know)
+    try:
+        return derive_check_dims(workload) == dims and not lowers_for_tpu(workload, dims)
+    except Exception:
+        return False
+    finally:
+        if had:
+            setattr(module, "CHECK_DIMS", old)  # noqa: B010
+        else:
+            del module.CHECK_DIMS
+
+
+def _shrunk(workload: Workload, dims: dict[str, int], *, floor: bool) -> dict[str, int]:
+    """Halving stops at a dim that is an odd multiple of its block (N = 7 x 2048 stays 14336): try the exact
+    divisors of each such dim too (14336 / 7 = 2048 x 1 fails the two-step rule, 14336 / 3.5 is not whole, but
+    4096 = 2 x 2048 is 14336 x 2 / 7), smallest accepted first, largest dims first."""
+    out = dict(dims)
+    default = workload.dims
+    if max((math.prod(s) for s in _shapes(workload, out)), default=0) <= BUDGET // 16:
+        return out  # already as small as the oracle's own derivation aims for
+    for k in sorted(out, key=lambda k: -out[k]):
+        v = out[k]
+        if v < 2 * FLOOR or HYPERPARAMETER.search(k):
+            continue
+        options = sorted({v * a // b for b in range(2, 17) for a in range(1, b) if (v * a) % b == 0})
+        lowest = min(default[k], FLOOR) if floor else 1
+        for cand in [c for c in options if lowest <= c < v][:MAX_TRIES]:
+            trial = {**out, k: cand}
+            if _accepted(workload, trial):
+                out = trial
+                break
+    return out
 
 
 def _shapes(workload: Workload, dims: Mapping[str, int]) -> list[tuple[int, ...]]:
