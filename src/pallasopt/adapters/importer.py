@@ -7,9 +7,13 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import jax
 
 from ..errors import ExitCode, KernelError, UsageError, UserError
-from ..workload import read_file
+from ..workload import exec_module, read_file
+from ._common import SuiteWorkload, _parse, _top_names
 from .emit import ENTRY_NAME, to_kernel_module, to_kernel_module_template
 from .kernel_source import KernelCode, drift_error, extract_code, find_drift, fix_api
 from .tasks import FORMATS, Task, kernel_kind, load_task, locate
@@ -66,9 +70,36 @@ def import_task(
     if derive_dims:
         from .check_dims import import_check_dims
 
-        dims = import_check_dims(text, str(out_path or Path(kpath).with_suffix(".pallasopt.py")))
+        try:
+            dims = import_check_dims(text, str(out_path or Path(kpath).with_suffix(".pallasopt.py")))
+        except KernelError as e:
+            raise _input_mismatch(kernel, sw) or e from None
         text = to_kernel_module(sw, kernel, kind, fixed=fixed, check_dims=dims)
     return Imported(text, False, str(kpath), fixed, dims, sw.notes)
+
+
+def _shapes(structs: Any) -> list[str]:
+    return [f"{a.dtype}{list(a.shape)}" for a in jax.tree.leaves(structs) if hasattr(a, "shape")]
+
+
+def _input_mismatch(kernel: KernelCode, sw: SuiteWorkload) -> KernelError | None:
+    """When a kernel file ships its own `create_inputs` (JAXBench's optimized.py does) and it builds other shapes
+    than the task's builder, that is why the kernel fails on the task's inputs: say so instead of the trace error."""
+    if "create_inputs" not in _top_names(_parse(kernel.code, kernel.path)):
+        return None
+    try:
+        own = jax.eval_shape(lambda: exec_module(kernel.code, kernel.path).create_inputs())
+        theirs = jax.eval_shape(lambda: sw.full_args(*sw.make_inputs(jax.random.key(0))) if sw.full_args else ())
+    except Exception:
+        return None
+    a, b = _shapes(own), _shapes(theirs)
+    if a == b:
+        return None
+    return KernelError(
+        f"the kernel file's own create_inputs builds ({', '.join(a)}), the task's builds ({', '.join(b)})",
+        path=kernel.path,
+        hint="the kernel was written for other inputs: pair it with its own task, or adapt it to these",
+    )
 
 
 DESCRIPTION = (
