@@ -13,6 +13,31 @@ from rich.console import Console
 from rich.table import Table
 
 from .errors import ExitCode, UsageError
+from .outputs import check_output, check_writable, check_writable_folder, write_atomic
+
+
+def add_load_timeout(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--load-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="seconds the module may take to import and trace (in a guarded child, before it is loaded here)",
+    )
+
+
+def positive_seconds(value: float, option: str) -> float:
+    """A timeout option's value, or a usage error (exit 2) when it is not a positive number of seconds."""
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"{option} must be a positive number of seconds, got {value:g}")
+    return value
+
+
+def load_guarded(path: str, timeout_s: float) -> None:
+    """Import and trace the module once in a guarded child (harness/preflight.py) before this process does."""
+    from .harness.preflight import preflight_file
+
+    preflight_file(path, positive_seconds(timeout_s, "--load-timeout"))
 
 
 def _add_apply(sub: Any) -> None:
@@ -30,6 +55,7 @@ def _add_apply(sub: Any) -> None:
     p.add_argument("--force", action="store_true", help="overwrite OUTPUT if it exists")
     p.add_argument("--llm", action="store_true", help="open an LLM session for llm-rewrite passes")
     p.add_argument("--db", help="kernel database for the LLM reply cache (default beside the kernel)")
+    add_load_timeout(p)
     p.set_defaults(handler=cmd_apply)
 
 
@@ -59,6 +85,8 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--llm", action="store_true", help="add LLM rewrites (needs ANTHROPIC_API_KEY; cached in the DB)")
     p.add_argument("--llm-max-requests", type=int, default=20, help="cap on LLM requests in this run")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file named by -o")
+    add_load_timeout(p)
     p.set_defaults(handler=cmd_run)
 
 
@@ -69,6 +97,7 @@ def _add_replay(sub: Any) -> None:
     p.add_argument("-o", "--output")
     p.add_argument("--force", action="store_true")
     p.add_argument("--check", action="store_true")
+    add_load_timeout(p)
     p.set_defaults(handler=cmd_apply_recipe)
 
 
@@ -104,12 +133,7 @@ def _print_source(console: Console, title: str, source: str) -> None:
 
 
 def _write_new(path: Path, text: str, force: bool, inputs: tuple[Path, ...]) -> None:
-    from .optimize import write_atomic
-
-    if any(path.resolve() == i.resolve() for i in inputs) and not force:
-        raise UsageError(f"refusing to overwrite the input {path}", hint="pass --force to replace it")
-    if path.exists() and not force:
-        raise UsageError(f"{path} exists", hint="pass --force to overwrite it, or choose another -o")
+    check_output(path, force, inputs)
     write_atomic(path, text)
 
 
@@ -119,6 +143,9 @@ def cmd_apply(args: argparse.Namespace, console: Console) -> int:
     from .passes.registry import parse_pipeline
 
     passes = parse_pipeline(args.passes)
+    if args.output:
+        check_output(Path(args.output), args.force, (Path(args.file),))
+    load_guarded(args.file, args.load_timeout)
     ir = KernelIR.from_file(args.file)
     after_names = set(args.print_after)
 
@@ -186,6 +213,7 @@ def cmd_apply_recipe(args: argparse.Namespace, console: Console) -> int:
         force=args.force,
         llm=False,
         db=None,
+        load_timeout=args.load_timeout,
     )
     return cmd_apply(ns, console)
 
@@ -196,11 +224,28 @@ def _fmt_time(t: float | None) -> str:
     return f"{t * 1e3:.3f} ms" if t >= 1e-4 else f"{t * 1e6:.1f} us"
 
 
+def check_run_outputs(args: argparse.Namespace) -> None:
+    """Refuse an existing -o without --force, and unwritable output or report folders, before any work."""
+    from .optimize import default_output
+
+    kernel = Path(args.file)
+    if args.in_place:
+        check_writable(kernel, "--in-place")
+    elif args.output:
+        check_output(Path(args.output), args.force, (kernel,))
+    else:
+        check_writable(default_output(kernel), "-o")  # pallasopt's own FILE_STEM.opt.py: replaced by a new run
+    if args.report:
+        check_writable_folder(Path(args.report), "--report")
+
+
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from .optimize import optimize
     from .report.progress import RunDisplay
 
     names = tuple(n.strip() for n in args.passes.split(",") if n.strip())
+    check_run_outputs(args)  # before the search: a run must not end with nowhere to write
+    load_guarded(args.file, args.load_timeout)
     display = RunDisplay(console, enabled=not args.json)
     with display:
         result = optimize(
@@ -269,8 +314,6 @@ def cmd_db(args: argparse.Namespace, console: Console) -> int:
         if args.action == "export":
             text = json.dumps(db.export(), indent=1, default=str)
             if args.output:
-                from .optimize import write_atomic
-
                 write_atomic(Path(args.output), text)
                 console.print(f"wrote {args.output}")
             else:

@@ -8,7 +8,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from .cost_model.hardware import Chip, UnknownTarget, get_chip
 from .db.store import KernelDB, default_path
 from .errors import EnvironmentProblem, KernelError, UsageError
 from .ir.kernel_ir import KernelIR
+from .outputs import write_atomic  # bench imports it from here too
 from .passes.base import Pass
 from .passes.registry import PASSES, by_name
 from .search.beam import BaselineIncorrect, Node, SearchOutcome, beam_search, score_of
@@ -143,19 +143,6 @@ def _config_key(config: SearchConfig, passes: Sequence[type[Pass]]) -> dict[str,
     d.pop("budget_seconds", None)
     d["passes"] = [p.name for p in passes]
     return d
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write a file so a reader sees the old or the new content, never half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def default_output(kernel: Path) -> Path:
