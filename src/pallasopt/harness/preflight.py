@@ -74,10 +74,10 @@ def failure(
     message: str,
 ) -> Exception:
     """The one-line error for a child that gave no reply (pure: every input is plain data)."""
-    stages = [e.split()[1] for e in events if e.startswith("stage ")]
-    if not stages:
+    stage, last = _stage_and_call(events)
+    if stage is None:
         return RuntimeError(f"the child process that loads {path} failed before importing it: {message}")
-    what = "importing the module" if stages[-1] == "import" else f"tracing the entry {entry!r}"
+    what = "importing the module" if stage == "import" else f"tracing the entry {entry!r}"
     if status == "timeout" or stack.strip():
         return KernelError(
             f"{what} did not finish in {timeout_s:g} s",
@@ -86,7 +86,6 @@ def failure(
             hint="look for blocking work at import or in the entry (sleep, input(), a socket, a long computation); "
             "--load-timeout gives it longer",
         )
-    last = _last_event(events, ("exit", "kill"))
     line = int(last[1]) if last and last[1].isdigit() else None
     if guard_killed(returncode):
         return KernelError(
@@ -120,12 +119,19 @@ def stack_line(stack: str, path: str) -> int | None:
     return None
 
 
-def _last_event(events: list[str], kinds: tuple[str, ...]) -> list[str] | None:
-    for e in reversed(events):
+def _stage_and_call(events: list[str]) -> tuple[str | None, list[str] | None]:
+    """The stage the child was in when it last called `os._exit`/`os.kill` (that call), else its last stage.
+
+    The call is what ended the child; it may have run on a little (a killed parent's signal is not instant)."""
+    stage: str | None = None
+    at_call: tuple[str | None, list[str] | None] = (None, None)
+    for e in events:
         parts = e.split()
-        if parts and parts[0] in kinds:
-            return parts
-    return None
+        if parts[:1] == ["stage"] and len(parts) > 1:
+            stage = parts[1]
+        elif parts[:1] in (["exit"], ["kill"]):
+            at_call = (stage, parts)
+    return at_call if at_call[1] is not None else (stage, None)
 
 
 def _read(path: str) -> str:
