@@ -77,7 +77,7 @@ def test_an_unwritable_output_folder_is_refused_before_any_work(capsys, good, tm
         argv += ["--db", str(tmp_path / "k.db")]
     with read_only_folder(ro):
         line = error_line(capsys, 2, argv)
-    assert line.startswith("cannot write ") and f"the folder {ro} is not writable" in line, line
+    assert line.startswith("cannot write ") and f": the folder {ro} is not writable (" in line, line
     assert line.endswith("or make the folder writable)"), line
     assert not (tmp_path / "k.db").exists()
 

@@ -23,26 +23,31 @@ def check_writable(path: Path, option: str) -> None:
     """Raise a one-line `UsageError` now if a file cannot be written at `path` later (probed with a real file)."""
     if path.is_dir():
         raise UsageError(f"{path} is a folder", hint=f"give {option} a file name")
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent  # write_atomic creates the missing folders below the nearest existing one
-    if not folder.is_dir():
-        raise UsageError(f"cannot write {path}: {folder} is not a folder", hint=f"choose another {option}")
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".pallasopt-probe-"):
-            pass
-    except OSError as e:
-        raise UsageError(
-            f"cannot write {path}: the folder {folder} is not writable ({e.strerror or e})",
-            hint=f"choose another {option} or make the folder writable",
-        ) from None
+    probe_folder(path.parent, f"cannot write {path}", option)
 
 
 def check_writable_folder(folder: Path, option: str) -> None:
     """Like `check_writable`, for a folder pallasopt will create (if needed) and fill."""
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{folder} is not a folder", hint=f"give {option} a folder")
-    check_writable(folder / ".pallasopt-probe", option)
+    probe_folder(folder, f"cannot write in {folder}", option)
+
+
+def probe_folder(folder: Path, what: str, option: str) -> None:
+    """Create and remove a file in `folder`, or in its nearest existing ancestor (the missing folders below it are
+    made when the output is written); a `UsageError` starting with `what` if that fails."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UsageError(f"{what}: {folder} is not a folder", hint=f"choose another {option}")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".pallasopt-probe-"):
+            pass
+    except OSError as e:
+        raise UsageError(
+            f"{what}: the folder {folder} is not writable ({e.strerror or e})",
+            hint=f"choose another {option} or make the folder writable",
+        ) from None
 
 
 def new_file_mode() -> int:

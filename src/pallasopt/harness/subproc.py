@@ -69,7 +69,7 @@ def run_child(
                     pass
         code = proc.returncode
         tail = "\n".join((err or "").strip().splitlines()[-5:])
-        message = f"evaluation process died ({describe_exit(code)}): {tail}"
+        message = f"evaluation process died ({describe_exit(code)})" + (f": {tail}" if tail else "")
         return ChildResult(None, "crash", message, wall, code, err or "")
 
 
