@@ -288,6 +288,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         f"correctness: {verdict}, re-checked on fresh seeds {fc.get('data', {}).get('seeds')} at dims "
         f"{fc.get('data', {}).get('dims')} ({fc.get('data', {}).get('mode')}): {fc.get('message')}"
     )
+    _print_sizes(console, fc.get("sizes"))
     src = "served from the kernel database" if result.from_cache else f"{result.candidates_evaluated} evaluations"
     console.print(f"{src}; stop: {result.stop_reason}; wall {result.wall_s:.1f} s")
     if result.correct:
@@ -301,6 +302,17 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             f"{u.get('input_tokens')}/{u.get('output_tokens')}, cost ${u.get('cost_usd')}"
         )
     return ExitCode.OK if result.correct else ExitCode.CHECK_FAILED
+
+
+def _print_sizes(console: Console, sizes: dict[str, Any] | None) -> None:
+    """The written module's checks at more than one size (fallback.py): the optimized path and the original's."""
+    if not sizes:
+        return
+    for c in sizes.get("checks", []):
+        verdict = "[green]ok[/]" if c.get("ok") else f"[red]FAIL[/] {c.get('message')}"
+        console.print(f"  written module at dims {c.get('dims')} ({c.get('path')} path): {verdict}", soft_wrap=True)
+    if sizes.get("note"):
+        console.print(f"  {sizes['note']}", soft_wrap=True)
 
 
 def cmd_db(args: argparse.Namespace, console: Console) -> int:
