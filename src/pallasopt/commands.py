@@ -14,6 +14,7 @@ from rich.table import Table
 
 from .errors import ExitCode, UsageError
 from .outputs import check_output, check_writable, check_writable_folder, write_atomic
+from .workload import read_file
 
 
 def add_load_timeout(p: argparse.ArgumentParser) -> None:
@@ -143,6 +144,7 @@ def cmd_apply(args: argparse.Namespace, console: Console) -> int:
     from .passes.registry import parse_pipeline
 
     passes = parse_pipeline(args.passes)
+    read_file(args.file)  # a missing kernel is named before its output is
     if args.output:
         check_output(Path(args.output), args.force, (Path(args.file),))
     load_guarded(args.file, args.load_timeout)
@@ -244,6 +246,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from .report.progress import RunDisplay
 
     names = tuple(n.strip() for n in args.passes.split(",") if n.strip())
+    read_file(args.file)  # a missing kernel is named before its outputs are
     check_run_outputs(args)  # before the search: a run must not end with nowhere to write
     load_guarded(args.file, args.load_timeout)
     display = RunDisplay(console, enabled=not args.json)

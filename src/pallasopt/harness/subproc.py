@@ -28,7 +28,6 @@ class ChildResult:
     message: str
     wall_s: float
     returncode: int | None = None  # the guard's (lifeline.describe_exit); None when it was killed on timeout
-    stderr: str = ""
 
 
 def run_child(
@@ -57,20 +56,20 @@ def run_child(
                 _out, err = proc.communicate(json.dumps(payload), timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 kill_group(proc)
-                _out, err = proc.communicate()
+                proc.communicate()
                 wall = time.perf_counter() - start
-                return ChildResult(None, "timeout", f"timed out after {timeout_s:.0f} s", wall, None, err or "")
+                return ChildResult(None, "timeout", f"timed out after {timeout_s:.0f} s", wall, None)
         wall = time.perf_counter() - start
         if os.path.exists(reply_path):
             with open(reply_path, encoding="utf-8") as f:
                 try:
-                    return ChildResult(json.load(f), "ok", "", wall, proc.returncode, err or "")
+                    return ChildResult(json.load(f), "ok", "", wall, proc.returncode)
                 except json.JSONDecodeError:
                     pass
         code = proc.returncode
         tail = "\n".join((err or "").strip().splitlines()[-5:])
         message = f"evaluation process died ({describe_exit(code)})" + (f": {tail}" if tail else "")
-        return ChildResult(None, "crash", message, wall, code, err or "")
+        return ChildResult(None, "crash", message, wall, code)
 
 
 _PIPES: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
