@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from .errors import ExitCode, PallasoptError, UsageError
+from .lifeline import install_handlers
 
 Handler = Callable[[argparse.Namespace, Console], int]
 
@@ -22,6 +23,9 @@ def _add_analyze(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--target", default=None, help="chip for the roofline model (v4, v5e, v5p, v6e, tpu7x)")
     p.add_argument("--compile", action="store_true", help="also compile for the target with libtpu (extra 'tpu')")
+    from .commands import add_load_timeout
+
+    add_load_timeout(p)
     p.set_defaults(handler=cmd_analyze)
 
 
@@ -61,9 +65,11 @@ def _extra_commands() -> tuple[Callable[[Any], None], ...]:
 
 
 def cmd_analyze(args: argparse.Namespace, console: Console) -> int:
+    from .commands import load_guarded
     from .ir.kernel_ir import KernelIR
     from .report.tables import body_line, facts_table
 
+    load_guarded(args.file, args.load_timeout)
     ir = KernelIR.from_file(args.file)
     estimates: list[Any] = []
     compiled: Any = None
@@ -106,13 +112,15 @@ def _parse_seeds(text: str) -> tuple[int, ...]:
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    from .commands import positive_seconds
     from .harness.check import check
     from .workload import inspect_source, read_file
 
     seeds = _parse_seeds(args.seeds)
+    timeout_s = positive_seconds(args.timeout, "--timeout")
     source = read_file(args.file)
     inspect_source(source, args.file)  # a malformed file is a one-line error, not a failed check
-    result = check(source, args.file, seeds=seeds, timeout_s=args.timeout)
+    result = check(source, args.file, seeds=seeds, timeout_s=timeout_s)
     if result.user_error:  # the module itself is broken (make_inputs raises, the entry does not trace): one line
         from .errors import KernelError
 
@@ -161,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     err = Console(stderr=True, highlight=False)
     parser = build_parser()
     args = parser.parse_args(argv)
+    install_handlers()  # SIGTERM, Ctrl-C or the command's exit kill its child processes first
     _trace_on_cpu()
     try:
         code = int(args.handler(args, console))

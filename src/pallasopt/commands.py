@@ -13,6 +13,32 @@ from rich.console import Console
 from rich.table import Table
 
 from .errors import ExitCode, UsageError
+from .outputs import check_output, check_writable, check_writable_folder, write_atomic
+from .workload import read_file
+
+
+def add_load_timeout(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--load-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="seconds the module may take to import and trace (in a guarded child, before it is loaded here)",
+    )
+
+
+def positive_seconds(value: float, option: str) -> float:
+    """A timeout option's value, or a usage error (exit 2) when it is not a positive number of seconds."""
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"{option} must be a positive number of seconds, got {value:g}")
+    return value
+
+
+def load_guarded(path: str, timeout_s: float) -> None:
+    """Import and trace the module once in a guarded child (harness/preflight.py) before this process does."""
+    from .harness.preflight import preflight_file
+
+    preflight_file(path, positive_seconds(timeout_s, "--load-timeout"))
 
 
 def _add_apply(sub: Any) -> None:
@@ -30,6 +56,7 @@ def _add_apply(sub: Any) -> None:
     p.add_argument("--force", action="store_true", help="overwrite OUTPUT if it exists")
     p.add_argument("--llm", action="store_true", help="open an LLM session for llm-rewrite passes")
     p.add_argument("--db", help="kernel database for the LLM reply cache (default beside the kernel)")
+    add_load_timeout(p)
     p.set_defaults(handler=cmd_apply)
 
 
@@ -59,6 +86,8 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--llm", action="store_true", help="add LLM rewrites (needs ANTHROPIC_API_KEY; cached in the DB)")
     p.add_argument("--llm-max-requests", type=int, default=20, help="cap on LLM requests in this run")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file named by -o")
+    add_load_timeout(p)
     p.set_defaults(handler=cmd_run)
 
 
@@ -69,6 +98,7 @@ def _add_replay(sub: Any) -> None:
     p.add_argument("-o", "--output")
     p.add_argument("--force", action="store_true")
     p.add_argument("--check", action="store_true")
+    add_load_timeout(p)
     p.set_defaults(handler=cmd_apply_recipe)
 
 
@@ -108,12 +138,7 @@ def _print_source(console: Console, title: str, source: str) -> None:
 
 
 def _write_new(path: Path, text: str, force: bool, inputs: tuple[Path, ...]) -> None:
-    from .optimize import write_atomic
-
-    if any(path.resolve() == i.resolve() for i in inputs) and not force:
-        raise UsageError(f"refusing to overwrite the input {path}", hint="pass --force to replace it")
-    if path.exists() and not force:
-        raise UsageError(f"{path} exists", hint="pass --force to overwrite it, or choose another -o")
+    check_output(path, force, inputs)
     write_atomic(path, text)
 
 
@@ -123,6 +148,10 @@ def cmd_apply(args: argparse.Namespace, console: Console) -> int:
     from .passes.registry import parse_pipeline
 
     passes = parse_pipeline(args.passes)
+    read_file(args.file)  # a missing kernel is named before its output is
+    if args.output:
+        check_output(Path(args.output), args.force, (Path(args.file),))
+    load_guarded(args.file, args.load_timeout)
     ir = KernelIR.from_file(args.file)
     after_names = set(args.print_after)
 
@@ -190,6 +219,7 @@ def cmd_apply_recipe(args: argparse.Namespace, console: Console) -> int:
         force=args.force,
         llm=False,
         db=None,
+        load_timeout=args.load_timeout,
     )
     return cmd_apply(ns, console)
 
@@ -200,11 +230,29 @@ def _fmt_time(t: float | None) -> str:
     return f"{t * 1e3:.3f} ms" if t >= 1e-4 else f"{t * 1e6:.1f} us"
 
 
+def check_run_outputs(args: argparse.Namespace) -> None:
+    """Refuse an existing -o without --force, and unwritable output or report folders, before any work."""
+    from .optimize import default_output
+
+    kernel = Path(args.file)
+    if args.in_place:
+        check_writable(kernel, "--in-place")
+    elif args.output:
+        check_output(Path(args.output), args.force, (kernel,))
+    else:
+        check_writable(default_output(kernel), "-o")  # pallasopt's own FILE_STEM.opt.py: replaced by a new run
+    if args.report:
+        check_writable_folder(Path(args.report), "--report")
+
+
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from .optimize import optimize
     from .report.progress import RunDisplay
 
     names = tuple(n.strip() for n in args.passes.split(",") if n.strip())
+    read_file(args.file)  # a missing kernel is named before its outputs are
+    check_run_outputs(args)  # before the search: a run must not end with nowhere to write
+    load_guarded(args.file, args.load_timeout)
     display = RunDisplay(console, enabled=not args.json)
     with display:
         result = optimize(
@@ -247,6 +295,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         f"correctness: {verdict}, re-checked on fresh seeds {fc.get('data', {}).get('seeds')} at dims "
         f"{fc.get('data', {}).get('dims')} ({fc.get('data', {}).get('mode')}): {fc.get('message')}"
     )
+    _print_sizes(console, fc.get("sizes"))
     src = "served from the kernel database" if result.from_cache else f"{result.candidates_evaluated} evaluations"
     console.print(f"{src}; stop: {result.stop_reason}; wall {result.wall_s:.1f} s")
     if result.correct:
@@ -262,6 +311,17 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return ExitCode.OK if result.correct else ExitCode.CHECK_FAILED
 
 
+def _print_sizes(console: Console, sizes: dict[str, Any] | None) -> None:
+    """The written module's checks at more than one size (fallback.py): the optimized path and the original's."""
+    if not sizes:
+        return
+    for c in sizes.get("checks", []):
+        verdict = "[green]ok[/]" if c.get("ok") else f"[red]FAIL[/] {c.get('message')}"
+        console.print(f"  written module at dims {c.get('dims')} ({c.get('path')} path): {verdict}", soft_wrap=True)
+    if sizes.get("note"):
+        console.print(f"  {sizes['note']}", soft_wrap=True)
+
+
 def cmd_db(args: argparse.Namespace, console: Console) -> int:
     from .db.store import KernelDB, default_path
 
@@ -273,8 +333,6 @@ def cmd_db(args: argparse.Namespace, console: Console) -> int:
         if args.action == "export":
             text = json.dumps(db.export(), indent=1, default=str)
             if args.output:
-                from .optimize import write_atomic
-
                 write_atomic(Path(args.output), text)
                 console.print(f"wrote {args.output}")
             else:

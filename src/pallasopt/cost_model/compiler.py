@@ -183,27 +183,24 @@ def _child_env(dump_dir: str | None) -> dict[str, str]:
 
 def _run_child(request: dict[str, Any], env: dict[str, str], timeout_s: float) -> tuple[Any, str, int | None]:
     """Run the worker; returns (reply or None, stderr, returncode). returncode None means timed out."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pallasopt.cost_model._compile_worker"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        text=True,
-        start_new_session=True,  # its own process group, so a timeout kills libtpu's threads and children too
-    )
-    try:
-        out, err = proc.communicate(json.dumps(request), timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        return None, err, None
+    from ..lifeline import child_command, deadline_for, kill_group, spawned, worker_code
+
+    # A guarded child (lifeline): its own session, so a timeout kills libtpu's threads and children too; it dies
+    # with this process and by itself after its deadline.
+    argv = child_command(sys.executable, "pallasopt.cost_model._compile_worker", deadline_for(timeout_s))
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    with spawned(argv, env, text=True, **pipes) as proc:
+        try:
+            out, err = proc.communicate(json.dumps(request), timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            out, err = proc.communicate()
+            return None, err, None
     try:
         reply = json.loads(out) if out.strip() else None
     except json.JSONDecodeError:
         reply = None
-    return reply, err, proc.returncode
+    return reply, err, worker_code(proc.returncode)
 
 
 def compile_module(

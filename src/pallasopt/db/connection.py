@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sqlite3
@@ -13,7 +14,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import DatabaseError
-from .schema import _SCHEMA, _TABLES, SCHEMA_VERSION
+from .schema import _SCHEMA, _TABLES, SCHEMA_VERSION, _decode
+
+R = TypeVar("R")
+CORRUPTED_HINT = "move the file aside and run again to start a new one"
 
 BUSY_TIMEOUT_MS = 30_000
 LOCK_RETRIES = 3  # extra attempts after sqlite's own 30 s busy wait gave up (or never waited, e.g. WAL recovery)
@@ -72,9 +76,7 @@ class _Connection:
             raise self._fail(f"cannot use the database ({e})", "check free disk space and permissions") from e
         except sqlite3.Error as e:
             conn.close()
-            raise self._fail(
-                f"is not a usable SQLite database ({e})", "move the file aside and run again to start a new one"
-            ) from e
+            raise self._fail(f"is not a usable SQLite database ({e})", CORRUPTED_HINT) from e
         return conn
 
     def _prepare(self, conn: sqlite3.Connection) -> None:
@@ -88,15 +90,16 @@ class _Connection:
             )
         check = [row[0] for row in conn.execute("PRAGMA quick_check")]
         if check != ["ok"]:
-            raise self._fail(
-                f"is corrupted (quick_check: {check[0]})", "move the file aside and run again to start a new one"
-            )
+            raise self._fail(f"is corrupted (quick_check: {check[0]})", CORRUPTED_HINT)
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise self._fail(f"cannot use write-ahead logging (journal_mode={mode})", "put --db on a local disk")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA foreign_keys=ON")
         if version == SCHEMA_VERSION:
+            damage = schema_damage(conn)
+            if damage:
+                raise self._fail(f"is corrupted ({damage})", CORRUPTED_HINT)
             return
         ours = set(_TABLES)
 
@@ -114,6 +117,14 @@ class _Connection:
             c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
         self._transaction(conn, create)
+
+    def _decode(self, cls: Callable[..., R], row: sqlite3.Row) -> R:
+        """A row as `cls`; a value that no longer decodes (JSON cut or overwritten) is a corrupted database."""
+        try:
+            return _decode(cls, row)
+        except (ValueError, TypeError) as e:
+            table = getattr(cls, "__name__", "row")
+            raise self._fail(f"is corrupted (a {table} holds a value that does not decode: {e})", CORRUPTED_HINT) from e
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -157,7 +168,7 @@ class _Connection:
             except (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError):
                 raise  # our bug: a wrong id, a closed handle
             except sqlite3.DatabaseError as e:
-                raise self._fail(f"is corrupted ({e})", "move the file aside and run again to start a new one") from e
+                raise self._fail(f"is corrupted ({e})", CORRUPTED_HINT) from e
         raise AssertionError("unreachable")
 
     def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
@@ -185,6 +196,29 @@ class _Connection:
 
 _ORPHANS: list[sqlite3.Connection] = []  # connections inherited over fork(), kept open on purpose
 _LIVE_RUNS: set[tuple[str, int]] = set()  # (resolved db path, run id) of runs started and not finished here
+
+
+@functools.cache
+def expected_columns() -> dict[str, tuple[str, ...]]:
+    """The columns of each table of the current schema (read from a fresh in-memory database)."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.executescript(_SCHEMA)
+        return {t: tuple(r[1] for r in mem.execute(f"PRAGMA table_info({t})")) for t in _TABLES}
+    finally:
+        mem.close()
+
+
+def schema_damage(conn: sqlite3.Connection) -> str:
+    """What is missing from a database that claims the current schema: '' when every table and column is there."""
+    for table, columns in expected_columns().items():
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if not have:
+            return f"table {table} is missing"
+        missing = [c for c in columns if c not in have]
+        if missing:
+            return f"table {table} lacks column {missing[0]}"
+    return ""
 
 
 def _rows(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:

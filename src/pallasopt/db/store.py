@@ -29,7 +29,6 @@ from .schema import (
     RunRow,
     RunState,
     WorkloadRow,
-    _decode,
     _dumps,
     default_path,
 )
@@ -124,11 +123,11 @@ class KernelDB(_Connection):
 
     def workloads(self) -> list[WorkloadRow]:
         """Every workload, oldest first."""
-        return [_decode(WorkloadRow, r) for r in self._read("SELECT * FROM workloads ORDER BY id")]
+        return [self._decode(WorkloadRow, r) for r in self._read("SELECT * FROM workloads ORDER BY id")]
 
     def get_workload(self, workload_id: int) -> WorkloadRow | None:
         rows = self._read("SELECT * FROM workloads WHERE id=?", (workload_id,))
-        return _decode(WorkloadRow, rows[0]) if rows else None
+        return self._decode(WorkloadRow, rows[0]) if rows else None
 
     # ----------------------------------------------------------------------------------------------- candidates
 
@@ -150,16 +149,16 @@ class KernelDB(_Connection):
 
     def candidate(self, candidate_id: int) -> CandidateRow | None:
         rows = self._read("SELECT * FROM candidates WHERE id=?", (candidate_id,))
-        return _decode(CandidateRow, rows[0]) if rows else None
+        return self._decode(CandidateRow, rows[0]) if rows else None
 
     def candidate_by_digest(self, workload_id: int, digest: str) -> CandidateRow | None:
         rows = self._read("SELECT * FROM candidates WHERE workload_id=? AND source_digest=?", (workload_id, digest))
-        return _decode(CandidateRow, rows[0]) if rows else None
+        return self._decode(CandidateRow, rows[0]) if rows else None
 
     def candidates(self, workload_id: int) -> list[CandidateRow]:
         """Every candidate of a workload, in the order they were first seen."""
         rows = self._read("SELECT * FROM candidates WHERE workload_id=? ORDER BY id", (workload_id,))
-        return [_decode(CandidateRow, r) for r in rows]
+        return [self._decode(CandidateRow, r) for r in rows]
 
     # ---------------------------------------------------------------------------------------------- evaluations
 
@@ -180,7 +179,7 @@ class KernelDB(_Connection):
     def get_eval(self, candidate_id: int, tier: str, key: str) -> EvalRow | None:
         sql = "SELECT * FROM evaluations WHERE candidate_id=? AND tier=? AND key=?"
         rows = self._read(sql, (candidate_id, tier, key))
-        return _decode(EvalRow, rows[0]) if rows else None
+        return self._decode(EvalRow, rows[0]) if rows else None
 
     def evaluations(self, workload_id: int, tier: str | None = None) -> list[EvalRow]:
         """Every evaluation of a workload's candidates (optionally of one tier), oldest first."""
@@ -189,7 +188,7 @@ class KernelDB(_Connection):
         if tier is not None:
             sql += " AND e.tier=?"
             args += (tier,)
-        return [_decode(EvalRow, r) for r in self._read(sql + " ORDER BY e.id", args)]
+        return [self._decode(EvalRow, r) for r in self._read(sql + " ORDER BY e.id", args)]
 
     # ----------------------------------------------------------------------------------------------------- runs
 
@@ -234,7 +233,7 @@ class KernelDB(_Connection):
         rows = self._read("SELECT * FROM runs WHERE workload_id=? ORDER BY id DESC LIMIT 1", (workload_id,))
         if not rows:
             return None
-        row = _decode(RunRow, rows[0])
+        row = self._decode(RunRow, rows[0])
         if row.state == "running" and self._owner_dead(row):
             self._write(
                 lambda c: c.execute("UPDATE runs SET state='interrupted' WHERE id=? AND state='running'", (row.id,))
@@ -245,9 +244,10 @@ class KernelDB(_Connection):
     def runs(self, workload_id: int | None = None) -> list[RunRow]:
         """Runs (of one workload, or all), oldest first; stored states, no liveness check."""
         if workload_id is None:
-            return [_decode(RunRow, r) for r in self._read("SELECT * FROM runs ORDER BY id")]
+            return [self._decode(RunRow, r) for r in self._read("SELECT * FROM runs ORDER BY id")]
         return [
-            _decode(RunRow, r) for r in self._read("SELECT * FROM runs WHERE workload_id=? ORDER BY id", (workload_id,))
+            self._decode(RunRow, r)
+            for r in self._read("SELECT * FROM runs WHERE workload_id=? ORDER BY id", (workload_id,))
         ]
 
     def _owner_dead(self, row: RunRow) -> bool:
@@ -261,7 +261,7 @@ class KernelDB(_Connection):
 
     def llm_get(self, key: str) -> LLMRow | None:
         rows = self._read("SELECT * FROM llm_cache WHERE key=?", (key,))
-        return _decode(LLMRow, rows[0]) if rows else None
+        return self._decode(LLMRow, rows[0]) if rows else None
 
     def llm_put(self, key: str, model: str, prompt: str, reply: str, input_tokens: int, output_tokens: int) -> None:
         """Store (or replace) a model reply under `key`."""
@@ -305,5 +305,5 @@ class KernelDB(_Connection):
         with self._snapshot() as c:
             for table, cls in kinds.items():
                 order = "key" if table == "llm_cache" else "id"
-                out[table] = [asdict(_decode(cls, r)) for r in _rows(c, f"SELECT * FROM {table} ORDER BY {order}")]
+                out[table] = [asdict(self._decode(cls, r)) for r in _rows(c, f"SELECT * FROM {table} ORDER BY {order}")]
         return out
