@@ -222,3 +222,23 @@ def test_check_dims_shrink_a_dim_that_halving_cannot() -> None:
 
     dims = import_check_dims(ODD_MULTIPLE.replace("N=7 * 256", "N=1792"), "odd.py")
     assert dims == {"M": 512, "N": 512}
+
+
+@pytest.mark.slow
+def test_an_imported_task_runs_and_its_output_works_at_another_size(tmp_path: Path) -> None:
+    """`run` on an imported module: the written module embeds the same task, and its generality check (another
+    size, the original path) must find the inputs the original module's make_inputs built."""
+    mod = tmp_path / "gemm.py"
+    r = pallasopt(
+        "import",
+        str(KB / "gemm_bias_relu.py"),
+        "--kernel",
+        str(KB / "gemm_bias_relu_reply.md"),
+        "--fix-api",
+        "-o",
+        str(mod),
+    )
+    assert r.returncode == 0, r.stderr
+    r = pallasopt("run", str(mod), "--no-compile", "--beam", "1", "--depth", "1", "--db", str(tmp_path / "k.db"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "(original path): ok" in r.stdout and (tmp_path / "gemm.opt.py").is_file()

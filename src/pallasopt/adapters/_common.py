@@ -231,6 +231,9 @@ Build = Callable[[Any, dict[str, int]], tuple[tuple[Any, ...], dict[str, Any]]]
 Call = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 
 
+_SEEN: dict[tuple[str, tuple[tuple[str, int], ...]], tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]]] = {}
+
+
 def _is_scalar(x: Any) -> bool:
     """A Python number among a builder's outputs: a static argument (a size, a flag), never a traced array."""
     return isinstance(x, bool | int | float | complex | str) or x is None
@@ -245,9 +248,12 @@ class _Bridge:
 
     def __init__(self, path: str, dims: dict[str, int], build: Build, call: Call, hand: Call | None) -> None:
         self.path, self.dims, self._build, self._call, self._hand = path, dims, build, call, hand
-        self._seen: dict[Signature, dict[str, Any]] = {}
-        self._dims_seen: dict[Signature, dict[str, int]] = {}
-        self._static_seen: dict[Signature, tuple[int, dict[int, Any]]] = {}
+        # Shared by every bridge of this suite file in the process: a module pallasopt writes (the optimized
+        # kernel, with the same embedded task) must know the inputs its original's make_inputs built.
+        shared = _SEEN.setdefault((path, tuple(sorted(dims.items()))), ({}, {}, {}))
+        self._seen: dict[Signature, dict[str, Any]] = shared[0]
+        self._dims_seen: dict[Signature, dict[str, int]] = shared[1]
+        self._static_seen: dict[Signature, tuple[int, dict[int, Any]]] = shared[2]
         self.default_static: tuple[int, ...] = ()  # positions of the static scalars at the default dims
 
     def make_inputs(self, key: Any, **dims: int) -> tuple[Any, ...]:
