@@ -88,3 +88,41 @@ def test_bench_jaxbench_end_to_end(jaxbench_tree: Path, tmp_path: Path) -> None:
     assert row["suite_speedup"] == pytest.approx(0.15 / 1.2)
     assert doc["summary"]["suite_speedup_kernels"] == 1 and (out / "modules" / "1_Gemm_Bias_ReLU.py").is_file()
     assert "The suite's own record beside ours" in json_path.with_suffix(".md").read_text()
+
+
+def test_merge_combines_shards_into_one_result_set(tmp_path: Path) -> None:
+    from pallasopt.bench import Row
+    from pallasopt.bench.render import write_results
+    from pallasopt.bench.runner import merge_results
+
+    meta = {
+        "command": "c",
+        "target": "v6e",
+        "date": "d",
+        "beam": 1,
+        "depth": 1,
+        "jobs": 1,
+        "budget_seconds": None,
+        "machine": "m",
+        "versions": {},
+        "wall_s": 10.0,
+    }
+    a = Row(
+        "k1",
+        "k1.py",
+        correct=True,
+        tier="compiler",
+        baseline_s=2.0,
+        best_s=1.0,
+        speedup=2.0,
+        recipe=("tile{x=1}",),
+        suite={"original_ms": 1.0, "generated_ms": 4.0},
+    )
+    b = Row("k2", "k2.py", correct=True, tier="compiler", baseline_s=3.0, best_s=1.0, speedup=3.0)
+    pa = write_results(tmp_path / "a", "s-v6e", [a], meta, plot=False)["json"]
+    pb = write_results(tmp_path / "b", "s-v6e", [b], {**meta, "command": "c2"}, plot=False)["json"]
+    out = merge_results([pa, pb], tmp_path / "m")
+    doc = json.loads(out["json"].read_text())
+    assert [r["kernel"] for r in doc["rows"]] == ["k1", "k2"] and doc["meta"]["wall_s"] == 20.0
+    assert doc["summary"]["geomean_speedup"] == pytest.approx(6**0.5) and doc["summary"]["suite_speedup_kernels"] == 1
+    assert Row.from_dict(doc["rows"][0]) == a

@@ -88,6 +88,15 @@ class Row:
         """Hand-tuned time / best time: above 1 the optimized kernel beats the hand-tuned one."""
         return self._ratio(self.hand_tuned)
 
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Row:
+        """A row as `to_dict` wrote it (derived fields are recomputed, not read)."""
+        fields = {k: d[k] for k in Row.__dataclass_fields__ if k in d}
+        fields["recipe"] = tuple(d.get("recipe") or ())
+        for k in ("xla", "hand_tuned"):
+            fields[k] = Estimate.from_dict(d[k]) if d.get(k) else None
+        return Row(**fields)
+
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("xla", "hand_tuned", "recipe")}
         return d | {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import fnmatch
+import json
 import os
 import platform
 import sys
@@ -148,6 +149,12 @@ def _add_bench(sub: Any) -> None:
     p.add_argument("--db", default=None, help="kernel database (default OUT/bench.db): a rerun resumes from it")
     p.add_argument("--budget-seconds", type=float, default=None, help="search budget per kernel")
     p.add_argument("--jobs", type=int, default=2, help="evaluations run in parallel per search")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="RESULTS.json",
+        help="combine the results of bench runs (shards of one suite run in parallel) into one set of files in --out",
+    )
     p.add_argument("--fresh", action="store_true", help="search again even where the database has a finished run")
     p.add_argument("--no-compile", action="store_true", help="model tier only; no XLA / hand-tuned estimates")
     p.set_defaults(handler=cmd_bench)
@@ -192,8 +199,32 @@ def _external(args: argparse.Namespace, out: Path, patterns: Sequence[str]) -> t
     return [i.module for i in imported if i.module is not None], failed, notes
 
 
+def merge_results(paths: Sequence[Path], out: Path) -> dict[str, Path]:
+    """One results set from several runs' JSON (rows in the given order; a kernel in two runs: the later one)."""
+    docs = [json.loads(Path(p).read_text(encoding="utf-8")) for p in paths]
+    rows: dict[str, Row] = {}
+    for doc in docs:
+        rows.update({r["kernel"]: Row.from_dict(r) for r in doc["rows"]})
+    metas = [d["meta"] for d in docs]
+    if len({m["target"] for m in metas}) != 1:
+        raise UsageError("the results to merge are for different targets", hint="merge runs of one target")
+    meta = dict(metas[0])
+    meta["command"] = " ; ".join(m["command"] for m in metas) + " (merged with --merge)"
+    meta["kernels"] = list(rows)
+    meta["wall_s"] = sum(float(m.get("wall_s") or 0.0) for m in metas)
+    meta["merged_from"] = [str(p) for p in paths]
+    stem = Path(paths[0]).stem
+    out.mkdir(parents=True, exist_ok=True)
+    return write_results(out, stem, list(rows.values()), meta)
+
+
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from ..optimize import resolve_target
+
+    if args.merge:
+        paths = merge_results([Path(p) for p in args.merge], Path(args.out))
+        console.print("wrote " + ", ".join(str(p) for p in paths.values()))
+        return ExitCode.OK
 
     external = bool(args.jaxbench or args.maxkernel)
     chip = resolve_target(args.target or ("v6e" if args.jaxbench else "v5e"))
