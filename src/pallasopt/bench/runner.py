@@ -77,7 +77,8 @@ def bench_kernel(
             tier=res.best.tier,
             baseline_s=res.baseline.time_s,
             best_s=res.best.time_s,
-            speedup=res.speedup,
+            # No ratio (the baseline does not compile on the target): the bench's math counts the kernel as kept.
+            speedup=res.speedup if res.speedup is not None else 1.0,
             recipe=tuple(res.recipe),
             wall_s=res.wall_s,
             candidates=res.candidates_evaluated,

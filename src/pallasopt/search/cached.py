@@ -6,6 +6,7 @@ import time
 
 from ..db.store import KernelDB
 from ..ir.kernel_ir import KernelIR
+from .ranking import unavailable_reason
 from .tiers import Evaluator, TierResult
 
 
@@ -44,6 +45,9 @@ class CachedEvaluator:
         payload = result.to_dict() if result is not None else {"unavailable": True}
         self.db.put_eval(cid, tier, key, bool(result is not None and result.ok), payload, wall)
         return result  # type: ignore[no-any-return]
+
+    def unavailable(self, tier: str) -> str | None:
+        return unavailable_reason(self.inner, tier)
 
     def model(self, ir: KernelIR) -> TierResult:
         result = self.inner.model(ir)

@@ -63,6 +63,9 @@ class Evaluator(Protocol):
 
     def hardware(self, ir: KernelIR) -> TierResult | None: ...  # None: no accelerator
 
+    # Optional (the search asks with `getattr`): ``unavailable(tier) -> str | None``, why `compiler` or `hardware`
+    # answers None here (None: it is available). The run prints the reason; without it, "the evaluator has no ...".
+
 
 def model_tier(ir: KernelIR, chip: Chip) -> TierResult:
     est = estimate_calls(ir.calls, chip)
@@ -135,7 +138,31 @@ class Tiers:
     def __init__(self, chip: Chip, *, use_compiler: bool = True, compile_timeout_s: float = 180.0) -> None:
         self.chip = chip
         self.compile_timeout_s = compile_timeout_s
-        self.use_compiler = use_compiler and not chip.is_gpu and _libtpu()
+        self.compiler_off = (
+            "turned off (--no-compile)"
+            if not use_compiler
+            else f"{chip.name} is a GPU: the deviceless compiler tier is TPU-only"
+            if chip.is_gpu
+            else None
+            if _libtpu()
+            else "libtpu not installed (pip install 'pallasopt[tpu]')"
+        )
+        self.use_compiler = self.compiler_off is None
+
+    def unavailable(self, tier: str) -> str | None:
+        """Why `tier` is not available here (None: it is)."""
+        if tier == "compiler":
+            return self.compiler_off
+        if tier == "hardware":
+            from ..harness.timing import accelerator_kind
+
+            kind = accelerator_kind()
+            if kind is None:
+                return "no TPU or GPU visible to JAX on this machine"
+            device = kind.partition(": ")[2]
+            if device != self.chip.device_kind:
+                return f"the visible accelerator is {device}, not the target {self.chip.name} ({self.chip.device_kind})"
+        return None
 
     def model(self, ir: KernelIR) -> TierResult:
         return model_tier(ir, self.chip)
@@ -154,14 +181,15 @@ class Tiers:
             # size instead (slower with the profile, but the answer is for the size the user asked about).
             dims, scale = dict(ir.dims), 1.0
             rep = compile_module(ir.source, ir.path, ir.entry, dims, self.chip.name, timeout_s=self.compile_timeout_s)
-        data = {"dims": dims, "steps_scale": scale, "report": _report_dict(rep)}
+        data = {"dims": dims, "steps_scale": scale, "report": _report_dict(rep), "error_kind": rep.error_kind or ""}
         if not rep.ok:
             return TierResult("compiler", False, None, f"{rep.error_kind}: {rep.error}", data)
         model = estimate_calls(ir.calls, self.chip)
         hbm_floor = sum(c.dma_s + c.edge_s for c in model.calls)
         static = rep.estimated_s if rep.estimated_s is not None else math.nan
         if math.isnan(static):
-            return TierResult("compiler", True, None, "compiled; no static estimate was produced", data)
+            why = rep.note or "no static estimate for this kernel"
+            return TierResult("compiler", True, None, f"compiled (fits); {why}", data)
         # The static schedule does not model HBM bandwidth (FACTS.md): time >= bytes / bandwidth.
         t = max(static, hbm_floor)
         bound = "static schedule" if static >= hbm_floor else "HBM floor"
@@ -181,7 +209,7 @@ class Tiers:
     def hardware(self, ir: KernelIR) -> TierResult | None:
         from ..harness.timing import accelerator_kind, time_kernel
 
-        if accelerator_kind() is None:
+        if self.unavailable("hardware") is not None or accelerator_kind() is None:
             return None
         r = time_kernel(ir.source, ir.path)
         t = r.get("median_s")
