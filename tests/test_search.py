@@ -46,7 +46,7 @@ class FakeTiers:
         assert t is not None
         return TierResult("compiler", True, t * 1.25, "fake table")
 
-    def check(self, ir: KernelIR, seeds: tuple[int, ...]) -> TierResult:
+    def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
         self.calls["check"] += 1
         return TierResult("check", self.bm(ir) not in self.bad_bm, None, "fake check")
 

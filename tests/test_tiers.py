@@ -169,9 +169,9 @@ def test_budget_counts_check_time_and_says_how_it_was_spent(tmp_path: Path, monk
     monkeypatch.setattr(spend_mod, "time", clock)
 
     class SlowCheck(FakeTiers):
-        def check(self, ir: KernelIR, seeds: tuple[int, ...]) -> TierResult:
+        def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
             clock.now += 100.0  # an interpret-mode check at big dims
-            return super().check(ir, seeds)
+            return super().check(ir, seeds, deadline)
 
         def compiler(self, ir: KernelIR) -> TierResult | None:
             clock.now += 10.0
@@ -188,6 +188,36 @@ def test_budget_counts_check_time_and_says_how_it_was_spent(tmp_path: Path, monk
     assert spent["model"].candidates > 1
     assert r.budget.budget_seconds == 150.0 and r.to_dict()["budget"]["by_tier"]["check"]["seconds"] == 100.0
     assert "check 100.0 s (1)" in r.budget.line() and f"compiler {10.0 * n:.1f} s ({n})" in r.budget.line()
+
+
+def test_a_check_stops_at_the_budget_and_is_not_kept(tmp_path: Path, monkeypatch) -> None:
+    import time
+
+    import pallasopt.harness.check as check_mod
+    from pallasopt.cost_model.hardware import get_chip
+    from pallasopt.db.store import KernelDB
+    from pallasopt.harness.check import CheckResult
+    from pallasopt.search.cached import CachedEvaluator
+    from pallasopt.search.tiers import Tiers
+
+    asked: list[float] = []
+
+    def slow_check(source: str, path: str, *, seeds=(1, 2), dims=None, timeout_s: float = 300.0) -> CheckResult:
+        asked.append(timeout_s)
+        return CheckResult(ok=False, status="timeout", message=f"timed out after {timeout_s:.0f} s")
+
+    monkeypatch.setattr(check_mod, "check", slow_check)
+    ir = KernelIR.from_file(MATMUL)
+    with KernelDB.open(tmp_path / "k.db") as db:
+        wid = db.workload(ir.digest, str(MATMUL), dict(ir.dims), "v5e", {"jax": "test"})
+        cached = CachedEvaluator(Tiers(get_chip("v5e"), use_compiler=False), db, wid, "v5e")
+        r = cached.check(ir, (1, 2), deadline=time.perf_counter() + 20.0)
+        assert 15.0 < asked[-1] <= 20.0  # the child gets what is left of the budget, not 300 s
+        assert not r.ok and r.data["budget_cut"] and "stopped at the search budget" in r.message
+        assert db.get_eval(cached.candidate_id(ir), "check", "seeds=1,2") is None  # no verdict: not kept
+        r = cached.check(ir, (1, 2))  # without a budget: the full timeout, and a real verdict is kept
+        assert asked[-1] == 300.0 and r.message.startswith("timed out")
+        assert db.get_eval(cached.candidate_id(ir), "check", "seeds=1,2") is not None
 
 
 # ---- real runs: a kernel whose default blocks overflow v5e's scoped VMEM ------------------------------------------

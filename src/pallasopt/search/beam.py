@@ -118,6 +118,9 @@ def beam_search(
     def budget_left() -> bool:
         return not out_of_time() and (config.max_candidates is None or len(nodes) < config.max_candidates)
 
+    # Checks during the search stop at the budget (the baseline's and the final re-check do not: they must finish).
+    until = {} if config.budget_seconds is None else {"deadline": start + config.budget_seconds}
+
     root = Node(recipe=(), digest=base.digest, parent=None, depth=0, ir=base)
     nodes[root.digest] = root
     ledger = Ledger()
@@ -207,7 +210,7 @@ def beam_search(
                     queue[: min(jobs, config.beam - len(verified))],
                     queue[min(jobs, config.beam - len(verified)) :],
                 )
-                checked = pool.map(lambda n: ledger.timed("check", evaluator.check, n.ir, seeds), batch)
+                checked = pool.map(lambda n: ledger.timed("check", evaluator.check, n.ir, seeds, **until), batch)
                 for c, r in zip(batch, checked, strict=True):
                     c.results["check"] = r
                     evaluations += 1
@@ -223,7 +226,7 @@ def beam_search(
                     verified.remove(c)
                     continue
                 fresh = (seeds[0] + 7777, seeds[1] + 7777)
-                again = ledger.timed("check", evaluator.check, c.ir, fresh)  # type: ignore[arg-type]
+                again = ledger.timed("check", evaluator.check, c.ir, fresh, **until)  # type: ignore[arg-type]
                 evaluations += 1
                 say("suspicious", {"node": c, "ok": again.ok})
                 if not again.ok:

@@ -7,6 +7,7 @@ beam search uses, so tests can drive the search with a fixed cost table instead.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -59,7 +60,8 @@ class Evaluator(Protocol):
 
     def compiler(self, ir: KernelIR) -> TierResult | None: ...  # None: tier unavailable
 
-    def check(self, ir: KernelIR, seeds: tuple[int, ...]) -> TierResult: ...
+    # `deadline` (a `time.perf_counter()` value, passed only when the search has a budget): stop the check there.
+    def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult: ...
 
     def hardware(self, ir: KernelIR) -> TierResult | None: ...  # None: no accelerator
 
@@ -121,6 +123,8 @@ def reduce_dims_for_compile(ir: KernelIR, max_steps: int = 256) -> tuple[dict[st
     return dims, full / max(current, 1)
 
 
+CHECK_TIMEOUT_S = 300.0  # an interpret-mode check that runs longer is a hang
+MIN_CHECK_S = 5.0  # a check started just before the budget ends still gets this long
 SUSPICIOUS = 0.5  # a time under half the roofline floor is flagged and the candidate re-checked on fresh seeds
 
 
@@ -200,11 +204,20 @@ class Tiers:
             "compiler", True, t, f"{bound}: static {static * 1e3:.3f} ms, HBM floor {hbm_floor * 1e3:.3f} ms", data
         )
 
-    def check(self, ir: KernelIR, seeds: tuple[int, ...]) -> TierResult:
+    def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
+        """The interpret-mode oracle; with a `deadline` (the search's budget) the child is stopped there, and a check
+        cut short that way is marked ``budget_cut`` (no verdict on the kernel: the DB does not keep it)."""
         from ..harness.check import check
 
-        r = check(ir.source, ir.path, seeds=seeds)
-        return TierResult("check", r.ok, None, r.message or f"max rel err {r.max_rel_err:.2e}", r.to_dict())
+        timeout = CHECK_TIMEOUT_S
+        if deadline is not None:
+            timeout = min(timeout, max(MIN_CHECK_S, deadline - time.perf_counter()))
+        r = check(ir.source, ir.path, seeds=seeds, timeout_s=timeout)
+        data = r.to_dict()
+        if not r.ok and r.status == "timeout" and timeout < CHECK_TIMEOUT_S:
+            msg = f"stopped at the search budget after {timeout:.0f} s (not a verdict on the kernel)"
+            return TierResult("check", False, None, msg, {**data, "budget_cut": True})
+        return TierResult("check", r.ok, None, r.message or f"max rel err {r.max_rel_err:.2e}", data)
 
     def hardware(self, ir: KernelIR) -> TierResult | None:
         from ..harness.timing import accelerator_kind, time_kernel
