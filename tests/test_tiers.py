@@ -87,6 +87,26 @@ def test_hardware_ranks_and_names_the_chip() -> None:
     assert c.tier == "compiler" and "killed by SIGKILL" in dict(c.not_used)["hardware"]
 
 
+def test_real_tiers_say_why_a_tier_is_unavailable(monkeypatch) -> None:
+    import pallasopt.harness.timing as timing
+    import pallasopt.search.tiers as tiers_mod
+    from pallasopt.cost_model.hardware import get_chip
+    from pallasopt.search.tiers import Tiers
+
+    v5e = get_chip("v5e")
+    assert Tiers(v5e, use_compiler=False).unavailable("compiler") == "turned off (--no-compile)"
+    assert "is a GPU" in str(Tiers(get_chip("h200")).unavailable("compiler"))
+    monkeypatch.setattr(tiers_mod, "_libtpu", lambda: False)
+    assert str(Tiers(v5e).unavailable("compiler")).startswith("libtpu not installed")
+    for kind, why in (
+        (None, "no TPU or GPU visible to JAX on this machine"),
+        ("gpu: NVIDIA H200", "the visible accelerator is NVIDIA H200, not the target v5e (TPU v5 lite)"),
+        ("tpu: TPU v5 lite", None),
+    ):
+        monkeypatch.setattr(timing, "accelerator_kind", lambda k=kind: k)
+        assert Tiers(v5e).unavailable("hardware") == why
+
+
 # ---- the search and optimize() with fake tiers that fail ----------------------------------------------------------
 
 
