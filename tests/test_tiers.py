@@ -16,7 +16,7 @@ from test_search import MATMUL, FakeClock, FakeTiers
 from pallasopt.ir.kernel_ir import KernelIR
 from pallasopt.optimize import optimize
 from pallasopt.report.summary import headline, summary_lines
-from pallasopt.search.ranking import baseline_verdict, choose_tier, kernel_fault
+from pallasopt.search.ranking import baseline_verdict, choose_tier, kernel_fault, only_in_margin
 from pallasopt.search.tiers import TierResult
 
 NONE = {"hardware": None, "compiler": None}
@@ -76,6 +76,12 @@ def test_a_baseline_screened_by_the_model_keeps_the_compiler_tier() -> None:
     assert c.tier == "compiler"
     ok, reason = baseline_verdict({"model": MODEL_VMEM}, "compiler")
     assert not ok and reason is not None and "screened by the model" in reason and "32.0 MiB" in reason
+
+
+def test_only_in_margin() -> None:
+    assert only_in_margin(_vmem_model(15)) and not only_in_margin(_vmem_model(17))
+    illegal = TierResult("model", False, 1e-3, "illegal", {"calls": [{"legal": False, "fits_vmem": True}]})
+    assert not only_in_margin(illegal) and not only_in_margin(MODEL_OK)
 
 
 def test_hardware_ranks_and_names_the_chip() -> None:
@@ -178,6 +184,45 @@ def test_a_baseline_that_does_not_compile_has_no_speedup(tmp_path: Path) -> None
     assert "the optimized kernel does:" in line and "compiler estimate" in line
     cached = _optimize(tmp_path, BaselineOverflows())
     assert cached.from_cache and cached.speedup is None and cached.baseline == r.baseline
+
+
+def _vmem_model(used_mib: int) -> TierResult:
+    call = {"legal": True, "fits_vmem": False, "vmem_bytes": used_mib << 20, "vmem_limit_bytes": 16 << 20}
+    return TierResult("model", False, 2e-3, f"call 0: VMEM footprint {used_mib} MiB", {"calls": [call]})
+
+
+class ModelRejectsBaseline(FakeTiers):
+    """The model puts the baseline's VMEM at `used_mib` of v5e's 16 MiB; the compiler accepts everything."""
+
+    def __init__(self, used_mib: int) -> None:
+        super().__init__()
+        self.used_mib = used_mib
+        self.compiled_bm: list[int] = []
+
+    def model(self, ir: KernelIR) -> TierResult:
+        return _vmem_model(self.used_mib) if self.bm(ir) == 128 else super().model(ir)
+
+    def unavailable(self, tier: str) -> str | None:
+        return "fake: no accelerator" if tier == "hardware" else None
+
+    def compiler(self, ir: KernelIR) -> TierResult | None:
+        self.compiled_bm.append(self.bm(ir))
+        return super().compiler(ir)
+
+
+def test_a_baseline_far_over_the_limit_is_screened_not_compiled(tmp_path: Path) -> None:
+    tiers = ModelRejectsBaseline(used_mib=32)
+    r = _optimize(tmp_path, tiers)
+    assert 128 not in tiers.compiled_bm and tiers.compiled_bm  # the candidates were compiled, the baseline not
+    assert r.best.tier == "compiler" and not r.baseline.ok and r.speedup is None
+    assert "screened by the model before compiling" in str(r.baseline.reason) and "32 MiB" in str(r.baseline.reason)
+
+
+def test_the_compiler_overrules_the_models_safety_margin(tmp_path: Path) -> None:
+    tiers = ModelRejectsBaseline(used_mib=15)  # over 90% of 16 MiB (the model's margin), under the limit
+    r = _optimize(tmp_path, tiers)
+    assert tiers.compiled_bm[0] == 128  # the baseline was compiled, and the compiler accepted it
+    assert r.baseline.ok and r.baseline.time_s is not None and r.speedup is not None
 
 
 def test_budget_counts_check_time_and_says_how_it_was_spent(tmp_path: Path, monkeypatch) -> None:

@@ -19,7 +19,7 @@ from ..cost_model.hardware import Chip
 from ..errors import PassNotApplicable
 from ..ir.kernel_ir import KernelIR
 from ..passes.base import Pass
-from .ranking import RANKING_TIERS, TierChoice, choose_tier, tier_works, unavailable_reason
+from .ranking import RANKING_TIERS, TierChoice, choose_tier, only_in_margin, tier_works, unavailable_reason
 from .spend import Ledger, TierSpend
 from .tiers import Evaluator, TierResult
 
@@ -127,11 +127,15 @@ def beam_search(
     evaluations += _evaluate_baseline(root, evaluator, ledger, seeds)
     if not root.passed("check"):
         raise BaselineIncorrect(root.results["check"].message)
+    fits = root.passed("model") or root.passed("compiler")  # else the higher tiers were not run on the baseline
     unavailable = {t: unavailable_reason(evaluator, t) for t in RANKING_TIERS}
-    for t in RANKING_TIERS:  # a fake evaluator may only tell by answering None
-        if unavailable[t] is None and t not in root.results and root.passed("model"):
-            unavailable[t] = f"the evaluator has no {t} tier"
-    ranking = choose_tier(root.results, unavailable, chip.name, screened=not root.passed("model"))
+    tells = callable(getattr(evaluator, "unavailable", None))
+    for t in RANKING_TIERS:  # an evaluator without `unavailable` (a fake) may only tell by answering None
+        if unavailable[t] is None and t not in root.results and (fits or not tells):
+            unavailable[t] = (
+                f"the evaluator has no {t} tier" if fits else f"the evaluator does not say it has a {t} tier"
+            )
+    ranking = choose_tier(root.results, unavailable, chip.name, screened=not fits)
     score_tier = ranking.tier
     say("baseline", {"node": root, "tier": score_tier, "ranking": ranking})
     # Compile the candidates when the compiler ranks them, or screens them for the hardware tier while it works.
@@ -270,17 +274,19 @@ def _evaluate_baseline(root: Node, evaluator: Evaluator, ledger: Ledger, seeds: 
     """Model, compiler, check and hardware verdicts on the baseline; returns the number of evaluations.
 
     A baseline the model finds over the VMEM limit (or with an illegal block shape) is not compiled or timed: the
-    compiler can take minutes to reject huge blocks (FACTS.md), and its verdict is already known."""
+    compiler can take minutes to reject huge blocks (FACTS.md), and its verdict is already known. One the model
+    rejects only for its safety margin under the limit is compiled: there the compiler decides."""
     assert root.ir is not None
     ir = root.ir
     root.results["model"] = ledger.timed("model", evaluator.model, ir)
     n = 1
-    fits = root.passed("model")
-    if fits and unavailable_reason(evaluator, "compiler") is None:
+    compile_it = root.passed("model") or only_in_margin(root.results["model"])
+    if compile_it and unavailable_reason(evaluator, "compiler") is None:
         comp = ledger.timed("compiler", evaluator.compiler, ir)
         if comp is not None:
             root.results["compiler"] = comp
             n += 1
+    fits = root.passed("model") or root.passed("compiler")
     root.results["check"] = ledger.timed("check", evaluator.check, ir, seeds)
     n += 1
     if root.passed("check") and fits and unavailable_reason(evaluator, "hardware") is None:

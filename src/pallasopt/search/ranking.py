@@ -41,6 +41,18 @@ def kernel_fault(r: TierResult) -> bool:
     return error_kind(r) in KERNEL_FAULTS
 
 
+def only_in_margin(model: TierResult) -> bool:
+    """The model rejects the kernel only because its VMEM footprint is within the safety margin under the limit (the
+    one part of its VMEM verdict that is a guess): then the compiler should have the last word. Above the limit the
+    formula matched the compiler exactly (FACTS.md), and libtpu can take minutes to reject huge blocks."""
+    calls = [c for c in model.data.get("calls") or () if isinstance(c, Mapping)]
+    failing = [c for c in calls if not (c.get("legal", True) and c.get("fits_vmem", True))]
+    return bool(failing) and all(
+        c.get("legal", True) and c.get("vmem_limit_bytes") and c.get("vmem_bytes", 0) <= c["vmem_limit_bytes"]
+        for c in failing
+    )
+
+
 def unavailable_reason(evaluator: Any, tier: str) -> str | None:
     """Why `evaluator` has no `tier` here (None: available). Evaluators without `unavailable` say nothing."""
     fn = getattr(evaluator, "unavailable", None)
