@@ -172,7 +172,7 @@ def test_an_unavailable_compiler_is_never_called_and_reported(tmp_path: Path) ->
 
 
 def test_a_baseline_that_does_not_compile_has_no_speedup(tmp_path: Path) -> None:
-    r = _optimize(tmp_path, BaselineOverflows())
+    r = _optimize(tmp_path, BaselineOverflows(), report_dir=tmp_path / "report")
     assert r.best.tier == "compiler" and r.correct and r.recipe
     assert not r.baseline.ok and r.baseline.time_s is None and "vmem_oom" in str(r.baseline.reason)
     assert r.best.ok and r.best.time_s is not None
@@ -182,6 +182,9 @@ def test_a_baseline_that_does_not_compile_has_no_speedup(tmp_path: Path) -> None
     line = headline(r)
     assert line.startswith("the baseline does not compile on v5e (compiler: vmem_oom: E1001")
     assert "the optimized kernel does:" in line and "compiler estimate" in line
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "- the baseline does not compile on v5e (compiler: vmem_oom: E1001" in report
+    assert "- ranked by: compiler estimate" in report and "hardware tier not used: the evaluator has no" in report
     cached = _optimize(tmp_path, BaselineOverflows())
     assert cached.from_cache and cached.speedup is None and cached.baseline == r.baseline
 
