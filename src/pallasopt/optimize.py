@@ -345,7 +345,13 @@ def _finish(
     s = score_of(best, tier)
     base_ok, base_reason = baseline_verdict(outcome.baseline.results, tier)
     device = outcome.ranking.device if tier == "hardware" else None
-    best_reason = None if s else "no candidate has a time at this tier (none fits the target)"
+    best_reason = (
+        None
+        if s
+        else f"the best candidate failed the final re-check ({final.message}); the baseline is kept"
+        if not correct
+        else "no verified candidate has a time at this tier"
+    )
     return Result(
         kernel=str(kernel_path),
         target=chip.name,
