@@ -142,15 +142,7 @@ class Tiers:
     def __init__(self, chip: Chip, *, use_compiler: bool = True, compile_timeout_s: float = 180.0) -> None:
         self.chip = chip
         self.compile_timeout_s = compile_timeout_s
-        self.compiler_off = (
-            "turned off (--no-compile)"
-            if not use_compiler
-            else f"{chip.name} is a GPU: the deviceless compiler tier is TPU-only"
-            if chip.is_gpu
-            else None
-            if _libtpu()
-            else "libtpu not installed (pip install 'pallasopt[tpu]')"
-        )
+        self.compiler_off = _compiler_off(use_compiler, chip)
         self.use_compiler = self.compiler_off is None
 
     def unavailable(self, tier: str) -> str | None:
@@ -229,6 +221,15 @@ class Tiers:
         if t is not None and t < SUSPICIOUS * roofline_floor(ir, self.chip):
             r = {**r, "below_floor": True, "floor_s": roofline_floor(ir, self.chip)}
         return TierResult("hardware", r.get("ok", False), t, r.get("message", ""), r)
+
+
+def _compiler_off(use_compiler: bool, chip: Chip) -> str | None:
+    """Why the compiler tier is not available for `chip` (None: it is)."""
+    if not use_compiler:
+        return "turned off (--no-compile)"
+    if chip.is_gpu:
+        return f"{chip.name} is a GPU: the deviceless compiler tier is TPU-only"
+    return None if _libtpu() else "libtpu not installed (pip install 'pallasopt[tpu]')"
 
 
 def _libtpu() -> bool:
