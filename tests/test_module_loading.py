@@ -132,3 +132,41 @@ def test_compile_error_names_the_users_line(dataclass_kernel: Path) -> None:
     r = compile_module(bad, str(dataclass_kernel), "double", {}, "v5e")
     line = bad.splitlines().index("    b = CFG.block // 0") + 1
     assert r.error_kind == "trace" and str(r.error).startswith(f"{dataclass_kernel}:{line}: ZeroDivisionError")
+
+
+FLASH_TAIL = """
+
+ENTRY = "attention"
+
+
+def attention(q, k, v):
+    sizes = BlockSizes(block_q=128, block_k_major=128, block_k=128, block_b=1)
+    return flash_attention(q, k, v, causal=False, block_sizes=sizes)
+
+
+def reference(q, k, v):
+    return mha_reference(q, k, v, None, causal=False)
+
+
+def make_inputs(key, B=1, H=2, S=512, D=128):
+    kq, kk, kv = jax.random.split(key, 3)
+    shape = (B, H, S, D)
+    return tuple(jax.random.normal(k, shape, jnp.float32) for k in (kq, kk, kv))
+"""
+
+
+@needs_libtpu
+def test_jax_flash_attention_file_compiles(tmp_path: Path) -> None:
+    """JAX's own flash_attention.py (a `@dataclasses.dataclass` BlockSizes under `from __future__ import
+    annotations`), read from the installed jax at test time, as a user's kernel module: the compile tier used to
+    skip it ("'NoneType' object has no attribute '__dict__'")."""
+    import jax.experimental.pallas.ops.tpu.flash_attention as fa
+
+    source = Path(fa.__file__).read_text() + FLASH_TAIL
+    assert "from __future__ import annotations" in source and "@dataclasses.dataclass" in source
+    path = tmp_path / "my_flash.py"
+    path.write_text(source)
+    assert load(path).module.BlockSizes(128, 256, 128, 1).block_k_major == 256
+    r = compile_module(source, str(path), "attention", {}, "v5e")
+    assert r.ok, r.error
+    assert r.estimated_cycles and r.vmem_bytes
