@@ -254,6 +254,7 @@ def test_budget_counts_check_time_and_says_how_it_was_spent(tmp_path: Path, monk
     assert n > 2 and spent["compiler"].candidates == n and spent["compiler"].seconds == pytest.approx(10.0 * n)
     assert spent["check"].candidates == 1 and spent["check"].seconds == pytest.approx(100.0)
     assert spent["model"].candidates > 1
+    assert spent["passes"].candidates >= spent["model"].candidates - 1  # every child was made by a pass first
     assert r.budget.budget_seconds == 150.0 and r.to_dict()["budget"]["by_tier"]["check"]["seconds"] == 100.0
     assert "check 100.0 s (1)" in r.budget.line() and f"compiler {10.0 * n:.1f} s ({n})" in r.budget.line()
 

@@ -160,15 +160,20 @@ def beam_search(
             if state.ir.workload is None:
                 continue  # LLM-written code is only ever run in child processes: it is a leaf of the search
             for p in passes:
+                t0 = time.perf_counter()
                 try:
                     options = p.choices(state.ir, chip)
                 except Exception as e:  # a pass's bug must not end the search
                     say("error", {"message": f"{p.name}.choices failed: {type(e).__name__}: {e}"})
                     continue
+                finally:
+                    ledger.add("passes", time.perf_counter() - t0, 0)
                 for choice in options:
                     if not budget_left():
                         break
+                    t0 = time.perf_counter()
                     child = _expand(state, choice, nodes, say)
+                    ledger.add("passes", time.perf_counter() - t0)  # apply + re-trace: budget time too
                     if child is not None:
                         children.append(child)
         say("expanded", {"depth": depth, "children": len(children)})

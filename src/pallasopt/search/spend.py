@@ -1,4 +1,5 @@
-"""How a search spent its time: seconds and evaluations per tier (model, compiler, check, hardware).
+"""How a search spent its time: seconds and evaluations per tier (model, compiler, check, hardware), and in the
+passes ("passes": choosing, applying and re-tracing candidates; its count is the candidates tried).
 
 Seconds are summed over evaluations, so with `--jobs 2` they can add up to more than the wall time. Evaluations
 served from the kernel database count too (at the seconds it took to read them).
@@ -12,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
-TIERS = ("model", "compiler", "check", "hardware")
+TIERS = ("passes", "model", "compiler", "check", "hardware")
 T = TypeVar("T")
 P = ParamSpec("P")
 
@@ -81,9 +82,10 @@ class Budget:
     def line(self) -> str:
         """One line for the terminal: 'budget 120 s; search 98.2 s: model 0.4 s (40), compiler 61.0 s (12), ...'."""
         head = f"budget {self.budget_seconds:g} s" if self.budget_seconds is not None else "no budget"
-        parts = [f"{t} {s.seconds:.1f} s ({s.candidates})" for t, s in self.by_tier.items() if s.candidates]
+        order = [t for t in TIERS if t in self.by_tier] + sorted(set(self.by_tier) - set(TIERS))
+        parts = [f"{t} {s.seconds:.1f} s ({s.candidates})" for t in order if (s := self.by_tier[t]).candidates]
         tail = f"; final re-check {self.final_check_s:.1f} s" if self.final_check_s else ""
         return (
-            f"{head}; search {self.search_wall_s:.1f} s wall, evaluation seconds (candidates) by tier: "
+            f"{head}; search {self.search_wall_s:.1f} s wall, seconds (candidates) by stage: "
             f"{', '.join(parts) or 'none'}{tail}"
         )
