@@ -268,7 +268,7 @@ def test_candidate_faults_are_values() -> None:
     )
     assert lowering.error_kind == "lowering" and "Unsupported dot precision" in str(lowering.error)
     broken = compile_module("import jax\ndef f(:\n    pass\n", "kernels/bad.py", "f", {}, "v5e")
-    assert broken.error_kind == "import" and str(broken.error).startswith("kernels/bad.py:2: SyntaxError")
+    assert broken.error_kind == "import" and str(broken.error).startswith("kernels/bad.py:2: syntax error")
     missing = compile_module(matmul_source(), "kernels/mm.py", "nope", {}, "v5e")
     assert missing.error_kind == "entry" and "'nope'" in str(missing.error)
 

@@ -46,7 +46,7 @@ class FakeTiers:
         assert t is not None
         return TierResult("compiler", True, t * 1.25, "fake table")
 
-    def check(self, ir: KernelIR, seeds: tuple[int, ...]) -> TierResult:
+    def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
         self.calls["check"] += 1
         return TierResult("check", self.bm(ir) not in self.bad_bm, None, "fake check")
 
@@ -153,9 +153,9 @@ def test_time_budget_keeps_room_to_check_what_it_compiled(matmul_ir, monkeypatch
             clock.now += 100.0
             return super().compiler(ir)
 
-        def check(self, ir: KernelIR, seeds: tuple[int, int]) -> TierResult:
+        def check(self, ir: KernelIR, seeds: tuple[int, int], deadline: float | None = None) -> TierResult:
             clock.now += 40.0
-            return super().check(ir, seeds)
+            return super().check(ir, seeds, deadline=deadline)
 
     tiers = SlowTiers()
     out = run(matmul_ir, tiers, budget_seconds=300.0)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from .errors import ExitCode, UsageError
 from .outputs import check_output, check_writable, check_writable_folder, write_atomic
@@ -224,12 +223,6 @@ def cmd_apply_recipe(args: argparse.Namespace, console: Console) -> int:
     return cmd_apply(ns, console)
 
 
-def _fmt_time(t: float | None) -> str:
-    if t is None:
-        return "-"
-    return f"{t * 1e3:.3f} ms" if t >= 1e-4 else f"{t * 1e6:.1f} us"
-
-
 def check_run_outputs(args: argparse.Namespace) -> None:
     """Refuse an existing -o without --force, and unwritable output or report folders, before any work."""
     from .optimize import default_output
@@ -279,16 +272,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
         return ExitCode.OK if result.correct else ExitCode.CHECK_FAILED
-    t = Table(title=f"pallasopt run {args.file} --target {result.target}", title_justify="left")
-    t.add_column("")
-    t.add_column("time")
-    t.add_column("source of the number")
-    t.add_row("baseline", _fmt_time(result.baseline.time_s), result.baseline.label)
-    t.add_row("best", _fmt_time(result.best.time_s), result.best.label)
-    t.add_row("model (roofline)", f"{_fmt_time(result.model_baseline_s)} -> {_fmt_time(result.model_best_s)}", "model")
-    console.print(t)
+    from .report.summary import run_table, summary_lines
+
+    console.print(run_table(result, f"pallasopt run {args.file} --target {result.target}"))
     fc = result.final_check
-    console.print(f"speedup [bold]{result.speedup:.2f}x[/] ({result.best.label})")
+    for line in summary_lines(result):
+        console.print(line)
     console.print(f"recipe: {','.join(result.recipe) or '(none: the baseline is best)'}")
     verdict = "[green]correct[/]" if result.correct else "[red]NOT verified[/]"
     console.print(

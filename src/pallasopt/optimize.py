@@ -25,6 +25,8 @@ from .passes.base import Pass
 from .passes.registry import PASSES, by_name
 from .search.beam import BaselineIncorrect, Node, SearchOutcome, beam_search, score_of
 from .search.cached import CachedEvaluator
+from .search.ranking import TierChoice, baseline_verdict
+from .search.spend import Budget
 from .search.tiers import TIER_LABEL, Evaluator, TierResult, Tiers
 
 FINAL_SEEDS = (7919, 104729)  # fresh seeds for the final re-verification (never used during the search)
@@ -32,15 +34,33 @@ FINAL_SEEDS = (7919, 104729)  # fresh seeds for the final re-verification (never
 
 @dataclass(frozen=True)
 class Measurement:
+    """A kernel's time at the tier that ranked the run. `ok=False`: it has none there, and `reason` says why
+    (e.g. the baseline does not compile on the target: VMEM over the scoped limit)."""
+
     time_s: float | None
     tier: str  # "model" | "compiler" | "hardware"
+    ok: bool = True
+    reason: str | None = None
+    device: str | None = None  # the chip a "hardware" time was measured on
 
     @property
     def label(self) -> str:
-        return TIER_LABEL.get(self.tier, self.tier)
+        base = TIER_LABEL.get(self.tier, self.tier)
+        return f"{base} on {self.device}" if self.tier == "hardware" and self.device else base
 
     def to_dict(self) -> dict[str, Any]:
-        return {"time_s": self.time_s, "tier": self.tier, "tier_label": self.label}
+        return {
+            "time_s": self.time_s,
+            "tier": self.tier,
+            "tier_label": self.label,
+            "ok": self.ok,
+            "reason": self.reason,
+            "device": self.device,
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Measurement:
+        return Measurement(d.get("time_s"), str(d["tier"]), bool(d.get("ok", True)), d.get("reason"), d.get("device"))
 
 
 @dataclass(frozen=True)
@@ -51,7 +71,7 @@ class Result:
     target: str
     baseline: Measurement
     best: Measurement
-    speedup: float
+    speedup: float | None  # None when either time is missing (e.g. the baseline does not compile): never a fake 1.0
     correct: bool
     recipe: tuple[str, ...]
     source: str
@@ -65,6 +85,8 @@ class Result:
     model_best_s: float | None = None
     report_path: str | None = None
     llm_usage: Mapping[str, Any] | None = None
+    ranking: TierChoice | None = None
+    budget: Budget | None = None
     nodes: tuple[Mapping[str, Any], ...] = field(default=(), repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,6 +108,8 @@ class Result:
             "model_best_s": self.model_best_s,
             "report_path": self.report_path,
             "llm_usage": dict(self.llm_usage) if self.llm_usage else None,
+            "ranking": self.ranking.to_dict() if self.ranking else None,
+            "budget": self.budget.to_dict() if self.budget else None,
         }
 
 
@@ -267,7 +291,7 @@ def optimize(
         except BaseException:
             db.finish_run(run_id, {}, state="interrupted")
             raise
-        result = _finish(outcome, base, chip, cached, kernel_path, out_path, start)
+        result = _finish(outcome, base, chip, cached, kernel_path, out_path, start, budget_seconds)
         result = dataclasses.replace(result, llm_usage=usage)
         if evaluator is None:  # a caller's own evaluator (tests, fakes) decides correctness alone
             result = _generalize(result, base, outcome)
@@ -318,22 +342,33 @@ def _finish(
     kernel_path: Path,
     out_path: Path,
     start: float,
+    budget_seconds: float | None = None,
 ) -> Result:
     tier = outcome.score_tier
     best = outcome.best
+    t0 = time.perf_counter()
     final: TierResult = evaluator.check(best.ir, FINAL_SEEDS) if best.ir is not None else TierResult("check", False)
+    final_s = time.perf_counter() - t0
     correct = final.ok
     if not correct:  # never return an unverified kernel: fall back to the baseline
         best = outcome.baseline
     b = score_of(outcome.baseline, tier)
     s = score_of(best, tier)
-    speedup = (b.time_s / s.time_s) if b and s and s.time_s else 1.0
+    base_ok, base_reason = baseline_verdict(outcome.baseline.results, tier)
+    device = outcome.ranking.device if tier == "hardware" else None
+    best_reason = (
+        None
+        if s
+        else f"the best candidate failed the final re-check ({final.message}); the baseline is kept"
+        if not correct
+        else "no verified candidate has a time at this tier"
+    )
     return Result(
         kernel=str(kernel_path),
         target=chip.name,
-        baseline=Measurement(b.time_s if b else None, tier),
-        best=Measurement(s.time_s if s else None, tier),
-        speedup=speedup,
+        baseline=Measurement(b.time_s if b else None, tier, base_ok, base_reason, device),
+        best=Measurement(s.time_s if s else None, tier, s is not None, best_reason, device),
+        speedup=(b.time_s / s.time_s) if b and s and s.time_s else None,
         correct=correct,
         recipe=best.recipe,
         source=best.ir.source if best.ir is not None else base.source,
@@ -344,6 +379,8 @@ def _finish(
         final_check=final.to_dict(),
         model_baseline_s=outcome.baseline.results["model"].time_s,
         model_best_s=best.results["model"].time_s if "model" in best.results else None,
+        ranking=outcome.ranking,
+        budget=Budget(budget_seconds, outcome.wall_s, outcome.spend, final_s),
         nodes=tuple(node_summary(n, tier) for n in outcome.nodes.values()),
     )
 
@@ -352,8 +389,8 @@ def _from_row(row: Mapping[str, Any], wall_s: float) -> Result:
     return Result(
         kernel=row["kernel"],
         target=row["target"],
-        baseline=Measurement(row["baseline"]["time_s"], row["baseline"]["tier"]),
-        best=Measurement(row["best"]["time_s"], row["best"]["tier"]),
+        baseline=Measurement.from_dict(row["baseline"]),
+        best=Measurement.from_dict(row["best"]),
         speedup=row["speedup"],
         correct=row["correct"],
         recipe=tuple(row["recipe"]),
@@ -367,5 +404,7 @@ def _from_row(row: Mapping[str, Any], wall_s: float) -> Result:
         model_baseline_s=row.get("model_baseline_s"),
         model_best_s=row.get("model_best_s"),
         report_path=row.get("report_path"),
+        ranking=TierChoice.from_dict(row["ranking"]) if row.get("ranking") else None,
+        budget=Budget.from_dict(row["budget"]) if row.get("budget") else None,
         nodes=tuple(row.get("nodes") or ()),
     )

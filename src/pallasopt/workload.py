@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib
 import inspect
 import itertools
 import sys
@@ -157,18 +158,66 @@ def inspect_source(source: str, path: str) -> ModuleSpec:
     )
 
 
+def package_of(path: str) -> tuple[str, Path] | None:
+    """The dotted package a file sits in and the folder to import it from, as Python would see it.
+
+    A file whose folder holds an ``__init__.py`` belongs to that package (and to every enclosing folder with one):
+    ``root/pkg/sub/mod.py`` gives ``("pkg.sub", root)``. None when the folder is not a package.
+    """
+    folder = Path(path).resolve().parent
+    parts: list[str] = []
+    while (folder / "__init__.py").is_file() and folder.name.isidentifier():
+        parts.append(folder.name)
+        folder = folder.parent
+    return (".".join(reversed(parts)), folder) if parts else None
+
+
+def _import_package(package: str, root: Path, path: str) -> None:
+    """Import the package a kernel file sits in from `root` (so ``from .helpers import x`` resolves)."""
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        pkg = importlib.import_module(package)
+    except Exception as e:
+        raise KernelError(
+            f"importing its package {package!r} failed: {type(e).__name__}: {e}",
+            path=path,
+            line=1,
+            hint=f"the package must import on its own from {root}",
+        ) from None
+    where = [str(Path(p).resolve()) for p in getattr(pkg, "__path__", ())]
+    expected = str(root.joinpath(*package.split(".")))
+    if expected not in where:
+        raise KernelError(
+            f"package {package!r} is already imported from {', '.join(where) or '?'}, not from {expected}",
+            path=path,
+            line=1,
+            hint="rename the package folder so it does not clash with an installed package",
+        )
+
+
 def exec_module(source: str, path: str) -> types.ModuleType:
     """Run `source` as a fresh module whose code objects carry `path` (so traces point into the user's file).
 
-    The module is registered in `sys.modules` under a unique name (dataclasses and pickling need one) and its
-    directory is importable, so a kernel can import a sibling helper module as it would normally.
+    As Python would import the file: the module is registered in `sys.modules` under a unique name (dataclasses,
+    ``from __future__ import annotations`` and pickling look their module up there) and stays registered; its
+    folder is importable (sibling helper modules); and when the folder is a package (it holds ``__init__.py``),
+    the package is imported from its root and the module is placed inside it, so ``from .helpers import x`` works.
+    Every place that runs a user's module (this process, the check, compile and timing workers) loads it here.
     """
-    name = f"_pallasopt_kernel_{next(_counter)}_{hashlib.sha1(source.encode()).hexdigest()[:8]}"
+    digest = hashlib.sha1(source.encode()).hexdigest()[:8]
+    package = package_of(path)
+    stem = Path(path).stem if Path(path).stem.isidentifier() else "kernel"
+    name = f"_pallasopt_{stem}_{next(_counter)}_{digest}"
+    folder = str(Path(path).resolve().parent)
+    if package is None and folder not in sys.path:
+        sys.path.append(folder)
+    if package is not None:
+        _import_package(package[0], package[1], path)
+        name = f"{package[0]}.{name}"
     module = types.ModuleType(name)
     module.__file__ = path
-    folder = str(Path(path).resolve().parent)
-    if folder not in sys.path:
-        sys.path.append(folder)
+    module.__package__ = package[0] if package else ""
     sys.modules[name] = module
     try:
         code = compile(source, path, "exec")

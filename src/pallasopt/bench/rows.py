@@ -41,7 +41,7 @@ class Row:
     tier: str = ""
     baseline_s: float | None = None
     best_s: float | None = None
-    speedup: float = 1.0
+    speedup: float | None = 1.0  # None: the baseline has no time at this tier (it does not compile / fit)
     recipe: tuple[str, ...] = ()
     wall_s: float = 0.0
     candidates: int = 0
@@ -118,18 +118,21 @@ def geomean(values: Iterable[float]) -> float | None:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
-def effective_speedup(row: Row) -> float:
-    """What the user gets: the speedup of a verified kernel; 1.0 (the baseline is kept) otherwise."""
-    return row.speedup if row.ok else 1.0
+def effective_speedup(row: Row) -> float | None:
+    """What the user gets: the speedup of a verified kernel; 1.0 (the baseline is kept) otherwise; None when the
+    baseline has no time to compare with (it does not compile or fit on the target)."""
+    if not row.ok:
+        return 1.0
+    return row.speedup
 
 
 def fast_p(rows: Sequence[Row], p: float) -> float:
     """Share of all kernels that are correct and faster than `p` x (KernelBench's fast_p)."""
-    return sum(1 for r in rows if r.ok and r.speedup > p) / len(rows) if rows else 0.0
+    return sum(1 for r in rows if r.ok and r.speedup is not None and r.speedup > p) / len(rows) if rows else 0.0
 
 
 def summarize(rows: Sequence[Row]) -> dict[str, Any]:
-    eff = [effective_speedup(r) for r in rows]
+    eff = [e for r in rows if (e := effective_speedup(r)) is not None]
     vs_xla = [v for r in rows if (v := r.vs_xla) is not None]
     frac_ht = [v for r in rows if (v := r.frac_hand_tuned) is not None]
     base_xla = [v for r in rows if (v := r.baseline_vs_xla) is not None]

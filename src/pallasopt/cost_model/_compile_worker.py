@@ -14,7 +14,6 @@ Private interfaces used: `jax.experimental.topologies.get_topology_desc` and the
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -57,9 +56,10 @@ def hlo_ops(hlo_text: str) -> list[dict[str, Any]]:
 
 def _where(exc: BaseException, module_file: str, path: str) -> str:
     """``path:line: `` of the innermost frame of the candidate module in `exc`'s traceback ("" if none)."""
-    if isinstance(exc, SyntaxError) and exc.filename == module_file and exc.lineno:
+    names = (module_file, path)  # the module's code objects carry the user's path (`exec_module`)
+    if isinstance(exc, SyntaxError) and exc.filename in names and exc.lineno:
         return f"{path}:{exc.lineno}: "
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == module_file]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename in names]
     return f"{path}:{frames[-1].lineno}: " if frames else ""
 
 
@@ -67,6 +67,8 @@ def _fail(stage: str, exc: BaseException, t0: float, request: dict[str, Any] | N
     msg = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     if stage in ("compile", "entry"):
         msg = str(exc)  # the compiler's message verbatim (it starts with its status code), or ours
+    elif isinstance(exc, _UserModuleError):
+        msg = str(exc)
     elif request is not None:  # the user's code (or lowering of it) raised: say where in their file
         msg = _where(exc, request["module_file"], request["path"]) + msg
     if request is not None:  # name the user's file, not our temporary copy of it
@@ -82,6 +84,25 @@ def _fail(stage: str, exc: BaseException, t0: float, request: dict[str, Any] | N
     }
 
 
+def _load(request: dict[str, Any]) -> Any:
+    """Run the candidate as Python imports a module (`workload.exec_module`: registered in `sys.modules`, its
+    package imported for relative imports), with code objects named after the user's file, not our temporary copy.
+    A `KernelError` (syntax error, failing import) is re-raised as a plain error carrying its one-line message."""
+    from pallasopt.errors import KernelError
+    from pallasopt.workload import exec_module
+
+    with open(request["module_file"], encoding="utf-8") as f:
+        source = f.read()
+    try:
+        return exec_module(source, request["path"])
+    except KernelError as e:
+        raise _UserModuleError(str(e)) from None
+
+
+class _UserModuleError(Exception):
+    """The user's module failed to import; the message already names the file and line."""
+
+
 def run(request: dict[str, Any]) -> dict[str, Any]:
     """Compile ``request['entry']`` for device 0 of ``request['topology']``; never raises."""
     t0 = time.perf_counter()
@@ -92,14 +113,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # libtpu or jax broken: not the candidate's fault
         return _fail("setup", exc, t0)
 
-    user_dir = os.path.dirname(os.path.abspath(request["path"]))
-    if os.path.isdir(user_dir) and user_dir not in sys.path:
-        sys.path.append(user_dir)  # sibling imports of the kernel file keep working
     try:
-        spec = importlib.util.spec_from_file_location("_pallasopt_candidate", request["module_file"])
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = _load(request)
     except BaseException as exc:
         return _fail("import", exc, t0, request)
 

@@ -6,6 +6,7 @@ from types import TracebackType
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.status import Status
 
 
@@ -40,7 +41,14 @@ class RunDisplay:
         if kind == "baseline":
             node = info["node"]
             r = node.results.get(info["tier"]) or node.results["model"]
-            self.console.print(f"baseline: {_ms(r.time_s)} ({info['tier']}), correct")
+            if r.ok and r.time_s is not None:
+                self.console.print(f"baseline: {_ms(r.time_s)} ({info['tier']}), correct")
+            else:
+                why = escape(r.message or "no time")
+                self.console.print(f"baseline: correct, but no {info['tier']} time ({r.tier}: {why})")
+            ranking = info.get("ranking")
+            for tier, reason in ranking.not_used if ranking is not None else ():
+                self.console.print(f"[yellow]{tier} tier not used[/]: {escape(reason)}")
         elif kind == "expanded":
             self._update(f"depth {info['depth']}: ranking {info['children']} candidates (model -> compiler -> check)")
         elif kind == "checked":

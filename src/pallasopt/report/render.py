@@ -12,6 +12,7 @@ from ..cost_model.hardware import Chip
 from ..cost_model.roofline import estimate_calls
 from ..ir.kernel_ir import KernelIR
 from ..passes.pipeline import unified_diff
+from .summary import MARKDOWN, summary_lines
 
 
 def _roofline_plot(path: Path, base: KernelIR, best: KernelIR, chip: Chip) -> None:
@@ -94,11 +95,12 @@ def write_report(folder: Path, base: KernelIR, outcome: Any, result: Any, chip: 
     _tree(folder / "search_tree.png", folder / "search_tree.graphml", nodes, best_digest)
     (folder / "candidates.json").write_text(json.dumps(nodes, indent=1, default=str))
     fc = result.final_check.get("data", {})
+    baseline = _ms(result.baseline.time_s) if result.baseline.ok else f"none ({result.baseline.reason})"
     lines = [
         f"# pallasopt report: `{Path(base.path).name}` on {chip.name}",
         "",
-        f"- **Speedup: {result.speedup:.2f}x** ({result.best.label})",
-        f"- Baseline: {_ms(result.baseline.time_s)}; best: {_ms(result.best.time_s)} ({result.best.label}).",
+        *(f"- {line.strip()}" for line in summary_lines(result, MARKDOWN)),
+        f"- Baseline: {baseline}; best: {_ms(result.best.time_s)} ({result.best.label}).",
         f"- Roofline model: {_ms(result.model_baseline_s)} -> {_ms(result.model_best_s)}.",
         f"- Recipe: `{','.join(result.recipe) or '(baseline kept)'}`",
         f"- Correctness: {'verified' if result.correct else 'NOT verified'} in {fc.get('mode')} mode on fresh seeds "

@@ -19,6 +19,8 @@ from ..cost_model.hardware import Chip
 from ..errors import PassNotApplicable
 from ..ir.kernel_ir import KernelIR
 from ..passes.base import Pass
+from .ranking import RANKING_TIERS, TierChoice, choose_tier, only_in_margin, tier_works, unavailable_reason
+from .spend import Ledger, TierSpend
 from .tiers import Evaluator, TierResult
 
 PRUNE_FACTOR = 2  # candidates per beam slot that survive the model tier into the compiler tier
@@ -69,6 +71,8 @@ class SearchOutcome:
     stop_reason: str
     wall_s: float
     evaluations: int
+    ranking: TierChoice
+    spend: dict[str, TierSpend]
     events: list[str] = field(default_factory=list)
 
     def score(self, node: Node) -> Score | None:
@@ -118,28 +122,35 @@ def beam_search(
     def budget_left() -> bool:
         return not out_of_time() and (config.max_candidates is None or len(nodes) < config.max_candidates)
 
+    # Checks during the search stop at the budget (the baseline's and the final re-check do not: they must finish).
+    until = {} if config.budget_seconds is None else {"deadline": start + config.budget_seconds}
+
     root = Node(recipe=(), digest=base.digest, parent=None, depth=0, ir=base)
     nodes[root.digest] = root
-    root.results["model"] = evaluator.model(base)
-    comp = evaluator.compiler(base)
-    if comp is not None:
-        root.results["compiler"] = comp
-    t_check = time.perf_counter()
-    root.results["check"] = evaluator.check(base, seeds)
+    ledger = Ledger()
+    n_base, check_s = _evaluate_baseline(root, evaluator, ledger, seeds)
+    evaluations += n_base
     # What one check costs here (its own record when it came from the database): compiling stops this long before
     # the budget ends, so the candidates it ranked best still get their check (else the budget would end with
     # compiled winners that were never verified, and the run would keep the baseline).
-    check_s = max(time.perf_counter() - t_check, float(root.results["check"].data.get("wall_s") or 0.0))
-    evaluations += 3
+    check_s = max(check_s, float(root.results["check"].data.get("wall_s") or 0.0))
     if not root.passed("check"):
         raise BaselineIncorrect(root.results["check"].message)
-    hw = evaluator.hardware(base)
-    if hw is not None:
-        root.results["hardware"] = hw
-    score_tier = "hardware" if hw is not None and hw.ok else ("compiler" if root.passed("compiler") else "model")
-    say("baseline", {"node": root, "tier": score_tier})
-    if score_of(root, score_tier) is None:
-        score_tier = "model"
+    fits = root.passed("model") or root.passed("compiler")  # else the higher tiers were not run on the baseline
+    unavailable = {t: unavailable_reason(evaluator, t) for t in RANKING_TIERS}
+    tells = callable(getattr(evaluator, "unavailable", None))
+    for t in RANKING_TIERS:  # an evaluator without `unavailable` (a fake) may only tell by answering None
+        if unavailable[t] is None and t not in root.results and (fits or not tells):
+            unavailable[t] = (
+                f"the evaluator has no {t} tier" if fits else f"the evaluator does not say it has a {t} tier"
+            )
+    ranking = choose_tier(root.results, unavailable, chip.name, screened=not fits)
+    score_tier = ranking.tier
+    say("baseline", {"node": root, "tier": score_tier, "ranking": ranking})
+    # Compile the candidates when the compiler ranks them, or screens them for the hardware tier while it works.
+    compile_children = score_tier == "compiler" or (
+        score_tier == "hardware" and tier_works(root.results, unavailable, "compiler")
+    )
 
     def key(n: Node) -> float:
         s = score_of(n, score_tier)
@@ -158,15 +169,20 @@ def beam_search(
             if state.ir.workload is None:
                 continue  # LLM-written code is only ever run in child processes: it is a leaf of the search
             for p in passes:
+                t0 = time.perf_counter()
                 try:
                     options = p.choices(state.ir, chip)
                 except Exception as e:  # a pass's bug must not end the search
                     say("error", {"message": f"{p.name}.choices failed: {type(e).__name__}: {e}"})
                     continue
+                finally:
+                    ledger.add("passes", time.perf_counter() - t0, 0)
                 for choice in options:
                     if not budget_left():
                         break
+                    t0 = time.perf_counter()
                     child = _expand(state, choice, nodes, say)
+                    ledger.add("passes", time.perf_counter() - t0)  # apply + re-trace: budget time too
                     if child is not None:
                         children.append(child)
         say("expanded", {"depth": depth, "children": len(children)})
@@ -175,14 +191,14 @@ def beam_search(
             break
         for c in children:
             assert c.ir is not None
-            c.results["model"] = evaluator.model(c.ir)
+            c.results["model"] = ledger.timed("model", evaluator.model, c.ir)  # type: ignore[arg-type]
             evaluations += 1
         alive = sorted(
             (c for c in children if c.passed("model")),
             key=lambda n: (n.results["model"].time_s or 0.0, len(n.recipe), n.spec),
         )
         alive = _one_per_signature(alive)[: config.beam * PRUNE_FACTOR]
-        if score_tier in ("compiler", "hardware"):
+        if compile_children:
             # `jobs` compiles at a time, in model order, stopping when the time budget is spent (uncompiled
             # candidates drop out: the budget is a promise to the user, not a hint).
             with ThreadPoolExecutor(jobs) as pool:
@@ -191,7 +207,8 @@ def beam_search(
                         stop = "budget"
                         break
                     batch = alive[i : i + jobs]
-                    for c, r in zip(batch, pool.map(lambda n: evaluator.compiler(n.ir), batch), strict=True):
+                    compiled = pool.map(lambda n: ledger.timed("compiler", evaluator.compiler, n.ir), batch)
+                    for c, r in zip(batch, compiled, strict=True):
                         if r is not None:
                             c.results["compiler"] = r
                             evaluations += 1
@@ -211,7 +228,8 @@ def beam_search(
                     queue[: min(jobs, config.beam - len(verified))],
                     queue[min(jobs, config.beam - len(verified)) :],
                 )
-                for c, r in zip(batch, pool.map(lambda n: evaluator.check(n.ir, seeds), batch), strict=True):
+                checked = pool.map(lambda n: ledger.timed("check", evaluator.check, n.ir, seeds, **until), batch)
+                for c, r in zip(batch, checked, strict=True):
                     c.results["check"] = r
                     evaluations += 1
                     say("checked", {"node": c})
@@ -221,7 +239,12 @@ def beam_search(
         for c in list(verified):
             flagged = c.results.get(score_tier)
             if flagged is not None and flagged.data.get("below_floor"):
-                again = evaluator.check(c.ir, (seeds[0] + 7777, seeds[1] + 7777))  # type: ignore[arg-type]
+                if out_of_time():  # not re-checked: it cannot be trusted, so it leaves the beam
+                    stop = "budget"
+                    verified.remove(c)
+                    continue
+                fresh = (seeds[0] + 7777, seeds[1] + 7777)
+                again = ledger.timed("check", evaluator.check, c.ir, fresh, **until)  # type: ignore[arg-type]
                 evaluations += 1
                 say("suspicious", {"node": c, "ok": again.ok})
                 if not again.ok:
@@ -229,7 +252,10 @@ def beam_search(
                     verified.remove(c)
         if score_tier == "hardware":
             for c in verified:
-                r = evaluator.hardware(c.ir)  # type: ignore[arg-type]
+                if out_of_time():  # untimed candidates cannot be ranked: they drop out
+                    stop = "budget"
+                    break
+                r = ledger.timed("hardware", evaluator.hardware, c.ir)  # type: ignore[arg-type]
                 if r is not None:
                     c.results["hardware"] = r
                     evaluations += 1
@@ -253,7 +279,39 @@ def beam_search(
         stop_reason=stop,
         wall_s=time.perf_counter() - start,
         evaluations=evaluations,
+        ranking=ranking,
+        spend=ledger.snapshot(),
     )
+
+
+def _evaluate_baseline(root: Node, evaluator: Evaluator, ledger: Ledger, seeds: tuple[int, int]) -> tuple[int, float]:
+    """Model, compiler, check and hardware verdicts on the baseline; the number of evaluations and the check's
+    seconds.
+
+    A baseline the model finds over the VMEM limit (or with an illegal block shape) is not compiled or timed: the
+    compiler can take minutes to reject huge blocks (FACTS.md), and its verdict is already known. One the model
+    rejects only for its safety margin under the limit is compiled: there the compiler decides."""
+    assert root.ir is not None
+    ir = root.ir
+    root.results["model"] = ledger.timed("model", evaluator.model, ir)
+    n = 1
+    compile_it = root.passed("model") or only_in_margin(root.results["model"])
+    if compile_it and unavailable_reason(evaluator, "compiler") is None:
+        comp = ledger.timed("compiler", evaluator.compiler, ir)
+        if comp is not None:
+            root.results["compiler"] = comp
+            n += 1
+    fits = root.passed("model") or root.passed("compiler")
+    t_check = time.perf_counter()
+    root.results["check"] = ledger.timed("check", evaluator.check, ir, seeds)
+    check_s = time.perf_counter() - t_check
+    n += 1
+    if root.passed("check") and fits and unavailable_reason(evaluator, "hardware") is None:
+        hw = ledger.timed("hardware", evaluator.hardware, ir)
+        if hw is not None:
+            root.results["hardware"] = hw
+            n += 1
+    return n, check_s
 
 
 def _signature(n: Node) -> tuple[object, ...]:

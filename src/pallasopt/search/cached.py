@@ -6,6 +6,7 @@ import time
 
 from ..db.store import KernelDB
 from ..ir.kernel_ir import KernelIR
+from .ranking import unavailable_reason
 from .tiers import Evaluator, TierResult
 
 
@@ -32,6 +33,7 @@ class CachedEvaluator:
         return self._ids[recipe]
 
     def _cached(self, ir: KernelIR, tier: str, key: str, compute: object) -> TierResult | None:
+        """The stored verdict, or `compute()`'s, stored unless it is no verdict (a check cut by the budget)."""
         cid = self.candidate_id(ir)
         row = self.db.get_eval(cid, tier, key)
         if row is not None:
@@ -42,8 +44,13 @@ class CachedEvaluator:
         result = compute()  # type: ignore[operator]
         wall = time.perf_counter() - start
         payload = result.to_dict() if result is not None else {"unavailable": True}
+        if result is not None and result.data.get("budget_cut"):
+            return result  # type: ignore[no-any-return]
         self.db.put_eval(cid, tier, key, bool(result is not None and result.ok), payload, wall)
         return result  # type: ignore[no-any-return]
+
+    def unavailable(self, tier: str) -> str | None:
+        return unavailable_reason(self.inner, tier)
 
     def model(self, ir: KernelIR) -> TierResult:
         result = self.inner.model(ir)
@@ -53,9 +60,10 @@ class CachedEvaluator:
     def compiler(self, ir: KernelIR) -> TierResult | None:
         return self._cached(ir, "compiler", self.target, lambda: self.inner.compiler(ir))
 
-    def check(self, ir: KernelIR, seeds: tuple[int, ...]) -> TierResult:
+    def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
         key = "seeds=" + ",".join(map(str, seeds))
-        result = self._cached(ir, "check", key, lambda: self.inner.check(ir, seeds))
+        kw = {} if deadline is None else {"deadline": deadline}  # fakes without a budget need not take it
+        result = self._cached(ir, "check", key, lambda: self.inner.check(ir, seeds, **kw))
         assert result is not None
         return result
 

@@ -7,6 +7,7 @@ beam search uses, so tests can drive the search with a fixed cost table instead.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -59,9 +60,13 @@ class Evaluator(Protocol):
 
     def compiler(self, ir: KernelIR) -> TierResult | None: ...  # None: tier unavailable
 
-    def check(self, ir: KernelIR, seeds: tuple[int, ...]) -> TierResult: ...
+    # `deadline` (a `time.perf_counter()` value, passed only when the search has a budget): stop the check there.
+    def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult: ...
 
     def hardware(self, ir: KernelIR) -> TierResult | None: ...  # None: no accelerator
+
+    # Optional (the search asks with `getattr`): ``unavailable(tier) -> str | None``, why `compiler` or `hardware`
+    # answers None here (None: it is available). The run prints the reason; without it, "the evaluator has no ...".
 
 
 def model_tier(ir: KernelIR, chip: Chip) -> TierResult:
@@ -118,6 +123,8 @@ def reduce_dims_for_compile(ir: KernelIR, max_steps: int = 256) -> tuple[dict[st
     return dims, full / max(current, 1)
 
 
+CHECK_TIMEOUT_S = 300.0  # an interpret-mode check that runs longer is a hang
+MIN_CHECK_S = 5.0  # a check started just before the budget ends still gets this long
 SUSPICIOUS = 0.5  # a time under half the roofline floor is flagged and the candidate re-checked on fresh seeds
 
 
@@ -135,7 +142,23 @@ class Tiers:
     def __init__(self, chip: Chip, *, use_compiler: bool = True, compile_timeout_s: float = 180.0) -> None:
         self.chip = chip
         self.compile_timeout_s = compile_timeout_s
-        self.use_compiler = use_compiler and not chip.is_gpu and _libtpu()
+        self.compiler_off = _compiler_off(use_compiler, chip)
+        self.use_compiler = self.compiler_off is None
+
+    def unavailable(self, tier: str) -> str | None:
+        """Why `tier` is not available here (None: it is)."""
+        if tier == "compiler":
+            return self.compiler_off
+        if tier == "hardware":
+            from ..harness.timing import accelerator_kind
+
+            kind = accelerator_kind()
+            if kind is None:
+                return "no TPU or GPU visible to JAX on this machine"
+            device = kind.partition(": ")[2]
+            if device != self.chip.device_kind:
+                return f"the visible accelerator is {device}, not the target {self.chip.name} ({self.chip.device_kind})"
+        return None
 
     def model(self, ir: KernelIR) -> TierResult:
         return model_tier(ir, self.chip)
@@ -154,14 +177,15 @@ class Tiers:
             # size instead (slower with the profile, but the answer is for the size the user asked about).
             dims, scale = dict(ir.dims), 1.0
             rep = compile_module(ir.source, ir.path, ir.entry, dims, self.chip.name, timeout_s=self.compile_timeout_s)
-        data = {"dims": dims, "steps_scale": scale, "report": _report_dict(rep)}
+        data = {"dims": dims, "steps_scale": scale, "report": _report_dict(rep), "error_kind": rep.error_kind or ""}
         if not rep.ok:
             return TierResult("compiler", False, None, f"{rep.error_kind}: {rep.error}", data)
         model = estimate_calls(ir.calls, self.chip)
         hbm_floor = sum(c.dma_s + c.edge_s for c in model.calls)
         static = rep.estimated_s if rep.estimated_s is not None else math.nan
         if math.isnan(static):
-            return TierResult("compiler", True, None, "compiled; no static estimate was produced", data)
+            why = rep.note or "no static estimate for this kernel"
+            return TierResult("compiler", True, None, f"compiled (fits); {why}", data)
         # The static schedule does not model HBM bandwidth (FACTS.md): time >= bytes / bandwidth.
         t = max(static, hbm_floor)
         bound = "static schedule" if static >= hbm_floor else "HBM floor"
@@ -172,22 +196,40 @@ class Tiers:
             "compiler", True, t, f"{bound}: static {static * 1e3:.3f} ms, HBM floor {hbm_floor * 1e3:.3f} ms", data
         )
 
-    def check(self, ir: KernelIR, seeds: tuple[int, ...]) -> TierResult:
+    def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
+        """The interpret-mode oracle; with a `deadline` (the search's budget) the child is stopped there, and a check
+        cut short that way is marked ``budget_cut`` (no verdict on the kernel: the DB does not keep it)."""
         from ..harness.check import check
 
-        r = check(ir.source, ir.path, seeds=seeds)
-        return TierResult("check", r.ok, None, r.message or f"max rel err {r.max_rel_err:.2e}", r.to_dict())
+        timeout = CHECK_TIMEOUT_S
+        if deadline is not None:
+            timeout = min(timeout, max(MIN_CHECK_S, deadline - time.perf_counter()))
+        r = check(ir.source, ir.path, seeds=seeds, timeout_s=timeout)
+        data = r.to_dict()
+        if not r.ok and r.status == "timeout" and timeout < CHECK_TIMEOUT_S:
+            msg = f"stopped at the search budget after {timeout:.0f} s (not a verdict on the kernel)"
+            return TierResult("check", False, None, msg, {**data, "budget_cut": True})
+        return TierResult("check", r.ok, None, r.message or f"max rel err {r.max_rel_err:.2e}", data)
 
     def hardware(self, ir: KernelIR) -> TierResult | None:
-        from ..harness.timing import accelerator_kind, time_kernel
+        from ..harness.timing import time_kernel
 
-        if accelerator_kind() is None:
+        if self.unavailable("hardware") is not None:  # no accelerator, or not the target's kind
             return None
         r = time_kernel(ir.source, ir.path)
         t = r.get("median_s")
         if t is not None and t < SUSPICIOUS * roofline_floor(ir, self.chip):
             r = {**r, "below_floor": True, "floor_s": roofline_floor(ir, self.chip)}
         return TierResult("hardware", r.get("ok", False), t, r.get("message", ""), r)
+
+
+def _compiler_off(use_compiler: bool, chip: Chip) -> str | None:
+    """Why the compiler tier is not available for `chip` (None: it is)."""
+    if not use_compiler:
+        return "turned off (--no-compile)"
+    if chip.is_gpu:
+        return f"{chip.name} is a GPU: the deviceless compiler tier is TPU-only"
+    return None if _libtpu() else "libtpu not installed (pip install 'pallasopt[tpu]')"
 
 
 def _libtpu() -> bool:
