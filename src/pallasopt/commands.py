@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .errors import ExitCode, UsageError
@@ -238,6 +239,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     fc = result.final_check
     console.print(f"speedup [bold]{result.speedup:.2f}x[/] ({result.best.label})")
     console.print(f"recipe: {','.join(result.recipe) or '(none: the baseline is best)'}")
+    for note in result.notes:
+        console.print("[yellow]note:[/] " + escape(note), soft_wrap=True)
     verdict = "[green]correct[/]" if result.correct else "[red]NOT verified[/]"
     console.print(
         f"correctness: {verdict}, re-checked on fresh seeds {fc.get('data', {}).get('seeds')} at dims "

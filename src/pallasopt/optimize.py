@@ -21,6 +21,7 @@ from .cost_model.hardware import Chip, UnknownTarget, get_chip
 from .db.store import KernelDB, default_path
 from .errors import EnvironmentProblem, KernelError, UsageError
 from .ir.kernel_ir import KernelIR
+from .ir.library import untunable_notes
 from .passes.base import Pass
 from .passes.registry import PASSES, by_name
 from .search.beam import BaselineIncorrect, Node, SearchOutcome, beam_search, score_of
@@ -66,6 +67,7 @@ class Result:
     report_path: str | None = None
     llm_usage: Mapping[str, Any] | None = None
     nodes: tuple[Mapping[str, Any], ...] = field(default=(), repr=False)
+    notes: tuple[str, ...] = ()  # what the run could not tune (library kernels no value in the file drives)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -86,6 +88,7 @@ class Result:
             "model_best_s": self.model_best_s,
             "report_path": self.report_path,
             "llm_usage": dict(self.llm_usage) if self.llm_usage else None,
+            "notes": list(self.notes),
         }
 
 
@@ -281,7 +284,7 @@ def optimize(
             db.finish_run(run_id, {}, state="interrupted")
             raise
         result = _finish(outcome, base, chip, cached, kernel_path, out_path, start)
-        result = dataclasses.replace(result, llm_usage=usage)
+        result = dataclasses.replace(result, llm_usage=usage, notes=untunable_notes(base))
         if write_output and result.correct:
             _write_output(out_path, result.source, kernel_path, in_place)
         if report_dir is not None:
@@ -357,4 +360,5 @@ def _from_row(row: Mapping[str, Any], wall_s: float) -> Result:
         model_best_s=row.get("model_best_s"),
         report_path=row.get("report_path"),
         nodes=tuple(row.get("nodes") or ()),
+        notes=tuple(row.get("notes") or ()),
     )
