@@ -179,14 +179,15 @@ def inspect_source(source: str, path: str) -> ModuleSpec:
                 "in this file",
             )
     else:
-        entry = _pick_entry(path, funcs, reach) or _pick_entry(path, funcs, _defs(funcs, may_reach))
-        if entry is None:
+        picked = _pick_entry(path, funcs, reach) or _pick_entry(path, funcs, _defs(funcs, may_reach))
+        if picked is None:
             raise KernelError(
                 "no entry: no public top-level function calls pl.pallas_call or a library kernel",
                 path=path,
                 line=1,
                 hint='define one, or name it with ENTRY = "function_name"',
             )
+        entry = picked
     return ModuleSpec(
         path=path,
         entry=entry,
