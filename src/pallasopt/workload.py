@@ -35,6 +35,7 @@ class ModuleSpec:
     reference_line: int
     make_inputs_line: int
     has_hand_tuned: bool
+    pallas_in_file: bool = True  # the entry reaches a `pallas_call` written in this file (else: a library kernel's)
 
 
 def _calls_pallas_call(node: ast.AST) -> bool:
@@ -195,6 +196,7 @@ def inspect_source(source: str, path: str) -> ModuleSpec:
         reference_line=getattr(funcs["reference"], "lineno", 1),
         make_inputs_line=getattr(funcs["make_inputs"], "lineno", 1),
         has_hand_tuned="hand_tuned" in funcs,
+        pallas_in_file=entry in reach,
     )
 
 
