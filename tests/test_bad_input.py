@@ -132,7 +132,14 @@ USER_ERRORS = [
     ("missing_file", ["analyze", "{folder}/nope.py"], 3, "{folder}/nope.py: ", "no such file", "check the path"),
     ("folder", ["check", "{folder}"], 3, "{folder}: ", "is a folder", "pass a .py file"),
     ("syntax", ["check", "{syntax}"], 3, f"{{syntax}}:{REFERENCE_LINE}: ", "syntax error", "fix the Python syntax"),
-    ("no_entry", ["analyze", "{no_entry}"], 3, "{no_entry}:1: ", "no entry", 'ENTRY = "function_name"'),
+    (  # add_one calls pl.BlockSpec (imported code might reach a pallas_call): the trace decides, at its line
+        "no_entry",
+        ["analyze", "{no_entry}"],
+        3,
+        f"{{no_entry}}:{ENTRY_LINE}: ",
+        "entry 'add_one' reaches no pl.pallas_call when traced",
+        "or a library kernel that does",
+    ),
     (
         "two_entries",
         ["analyze", "{two_entries}"],

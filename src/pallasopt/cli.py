@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from .errors import ExitCode, PallasoptError, UsageError
 from .lifeline import install_handlers
@@ -77,12 +78,18 @@ def cmd_analyze(args: argparse.Namespace, console: Console) -> int:
         from .analysis import analyze_ir
 
         estimates, compiled = analyze_ir(ir, args.target or "v5e", compile=args.compile)
+    from .ir.library import library_calls
+
+    library = library_calls(ir)  # what the file can tune in a library kernel (its knobs, found by re-tracing)
     if args.json:
         out: dict[str, Any] = {
             "file": args.file,
             "entry": ir.entry,
             "dims": dict(ir.dims),
             "calls": [c.to_dict() for c in ir.calls],
+            "library": [
+                {"call": c.index, "site": c.site, "line": c.line, "note": c.describe(args.file)} for c in library
+            ],
         }
         if estimates:
             out["estimates"] = [e.to_dict() for e in estimates]
@@ -94,6 +101,8 @@ def cmd_analyze(args: argparse.Namespace, console: Console) -> int:
     for call in ir.calls:
         console.print(facts_table(call))
         console.print("  " + body_line(call))
+    for lib in library:
+        console.print("  " + escape(lib.describe(args.file)), soft_wrap=True)
     if estimates:
         from .report.text import print_estimates
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from .errors import ExitCode, UsageError
 from .outputs import check_output, check_writable, check_writable_folder, write_atomic
@@ -279,6 +280,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     for line in summary_lines(result):
         console.print(line)
     console.print(f"recipe: {','.join(result.recipe) or '(none: the baseline is best)'}")
+    for note in result.notes:
+        console.print("[yellow]note:[/] " + escape(note), soft_wrap=True)
     verdict = "[green]correct[/]" if result.correct else "[red]NOT verified[/]"
     console.print(
         f"correctness: {verdict}, re-checked on fresh seeds {fc.get('data', {}).get('seeds')} at dims "

@@ -20,6 +20,7 @@ from .cost_model.hardware import Chip, UnknownTarget, get_chip
 from .db.store import KernelDB, default_path
 from .errors import EnvironmentProblem, KernelError, UsageError
 from .ir.kernel_ir import KernelIR
+from .ir.library import untunable_notes
 from .outputs import write_atomic  # bench imports it from here too
 from .passes.base import Pass
 from .passes.registry import PASSES, by_name
@@ -88,6 +89,7 @@ class Result:
     ranking: TierChoice | None = None
     budget: Budget | None = None
     nodes: tuple[Mapping[str, Any], ...] = field(default=(), repr=False)
+    notes: tuple[str, ...] = ()  # what the run could not tune (library kernels no value in the file drives)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -110,6 +112,7 @@ class Result:
             "llm_usage": dict(self.llm_usage) if self.llm_usage else None,
             "ranking": self.ranking.to_dict() if self.ranking else None,
             "budget": self.budget.to_dict() if self.budget else None,
+            "notes": list(self.notes),
         }
 
 
@@ -292,7 +295,7 @@ def optimize(
             db.finish_run(run_id, {}, state="interrupted")
             raise
         result = _finish(outcome, base, chip, cached, kernel_path, out_path, start, budget_seconds)
-        result = dataclasses.replace(result, llm_usage=usage)
+        result = dataclasses.replace(result, llm_usage=usage, notes=untunable_notes(base))
         if evaluator is None:  # a caller's own evaluator (tests, fakes) decides correctness alone
             result = _generalize(result, base, outcome)
         if write_output and result.correct:
@@ -407,4 +410,5 @@ def _from_row(row: Mapping[str, Any], wall_s: float) -> Result:
         ranking=TierChoice.from_dict(row["ranking"]) if row.get("ranking") else None,
         budget=Budget.from_dict(row["budget"]) if row.get("budget") else None,
         nodes=tuple(row.get("nodes") or ()),
+        notes=tuple(row.get("notes") or ()),
     )

@@ -7,6 +7,7 @@ fresh module object, so the same file can be loaded many times (the original and
 from __future__ import annotations
 
 import ast
+import builtins
 import hashlib
 import importlib
 import inspect
@@ -21,6 +22,7 @@ from typing import Any
 from .errors import KernelError
 
 RESERVED = ("reference", "make_inputs", "hand_tuned")
+BUILTIN_NAMES = frozenset(dir(builtins))
 _counter = itertools.count()
 
 
@@ -34,6 +36,7 @@ class ModuleSpec:
     reference_line: int
     make_inputs_line: int
     has_hand_tuned: bool
+    pallas_in_file: bool = True  # the entry reaches a `pallas_call` written in this file (else: a library kernel's)
 
 
 def _calls_pallas_call(node: ast.AST) -> bool:
@@ -70,9 +73,31 @@ def _top_classes(tree: ast.Module) -> dict[str, ast.AST]:
     return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
 
 
-def _reaches_pallas(funcs: Mapping[str, ast.AST]) -> set[str]:
-    """Names of top-level functions (and classes) that reach a `pallas_call` through calls within the module."""
-    reach = {name for name, node in funcs.items() if _calls_pallas_call(node)}
+def _call_root(func: ast.expr) -> ast.expr:
+    """The innermost object a call goes through: `jnp` for `jnp.linalg.norm(...)`, `globals` for `globals().get`."""
+    while True:
+        if isinstance(func, ast.Attribute | ast.Subscript):
+            func = func.value
+        elif isinstance(func, ast.Call):
+            func = func.func
+        else:
+            return func
+
+
+def _calls_outside_code(node: ast.AST) -> bool:
+    """Whether a function calls code that is not a Python builtin (an imported library kernel may hold the
+    `pallas_call`: only the trace can tell)."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            root = _call_root(sub.func)
+            if not (isinstance(root, ast.Name) and root.id in BUILTIN_NAMES):
+                return True
+    return False
+
+
+def _reaches(funcs: Mapping[str, ast.AST], seed: Callable[[ast.AST], bool]) -> set[str]:
+    """Names of top-level functions (and classes) for which `seed` holds, or that call one of them (transitively)."""
+    reach = {name for name, node in funcs.items() if seed(node)}
     changed = True
     while changed:
         changed = False
@@ -92,6 +117,29 @@ def _module_string_constant(tree: ast.Module, name: str) -> tuple[str, int] | No
     return None
 
 
+def _defs(funcs: Mapping[str, ast.AST], names: set[str]) -> set[str]:
+    """The `def`s among `names` (a module-level `x = f(...)` is a value, not an entry that calls a library)."""
+    return {n for n in names if isinstance(funcs[n], ast.FunctionDef | ast.AsyncFunctionDef)}
+
+
+def _pick_entry(path: str, funcs: Mapping[str, ast.AST], reach: set[str]) -> str | None:
+    """The one public root among `reach` (None when there is none; an error when there are several)."""
+    public = sorted(n for n in reach if not n.startswith("_") and n not in RESERVED)
+    # Prefer roots: candidates that no other candidate calls (a public wrapper over a public helper).
+    roots = [n for n in public if not any(n in _called_names(funcs[o]) for o in public if o != n)]
+    if not public:
+        return None
+    if len(roots) != 1:
+        names = ", ".join(f"{n} (line {getattr(funcs[n], 'lineno', '?')})" for n in (roots or public))
+        raise KernelError(
+            f"two or more candidate entries: {names}",
+            path=path,
+            line=getattr(funcs[(roots or public)[0]], "lineno", 1),
+            hint='name the one to optimize with ENTRY = "function_name"',
+        )
+    return roots[0]
+
+
 def inspect_source(source: str, path: str) -> ModuleSpec:
     """Read a kernel module without running it; raise `KernelError` naming the file and line of any problem."""
     try:
@@ -107,7 +155,10 @@ def inspect_source(source: str, path: str) -> ModuleSpec:
     ):
         if required not in funcs:
             raise KernelError(f"no `{required}` function", path=path, line=1, hint=fix)
-    reach = _reaches_pallas({**_top_classes(tree), **funcs}).intersection(funcs)
+    scope = {**_top_classes(tree), **funcs}
+    reach = _reaches(scope, _calls_pallas_call).intersection(funcs)
+    # An entry may also call a Pallas kernel defined in an installed library: the trace has the last word.
+    may_reach = _reaches(scope, lambda n: _calls_pallas_call(n) or _calls_outside_code(n)).intersection(funcs)
     try:
         named = _module_string_constant(tree, "ENTRY")
     except KernelError as e:
@@ -121,33 +172,24 @@ def inspect_source(source: str, path: str) -> ModuleSpec:
                 line=line,
                 hint="set ENTRY to the function that calls pl.pallas_call",
             )
-        if entry not in reach:
+        if entry not in may_reach:
             raise KernelError(
                 f"entry {entry!r} never reaches a pl.pallas_call",
                 path=path,
                 line=getattr(funcs[entry], "lineno", line),
-                hint="the entry must call pl.pallas_call, directly or through helpers in this file",
+                hint="the entry must call pl.pallas_call, or a library kernel that does, directly or through helpers "
+                "in this file",
             )
     else:
-        public = sorted(n for n in reach if not n.startswith("_") and n not in RESERVED)
-        # Prefer roots: candidates that no other candidate calls (a public wrapper over a public helper).
-        roots = [n for n in public if not any(n in _called_names(funcs[o]) for o in public if o != n)]
-        if not public:
+        picked = _pick_entry(path, funcs, reach) or _pick_entry(path, funcs, _defs(funcs, may_reach))
+        if picked is None:
             raise KernelError(
-                "no entry: no public top-level function calls pl.pallas_call",
+                "no entry: no public top-level function calls pl.pallas_call or a library kernel",
                 path=path,
                 line=1,
                 hint='define one, or name it with ENTRY = "function_name"',
             )
-        if len(roots) != 1:
-            names = ", ".join(f"{n} (line {getattr(funcs[n], 'lineno', '?')})" for n in (roots or public))
-            raise KernelError(
-                f"two or more candidate entries: {names}",
-                path=path,
-                line=getattr(funcs[(roots or public)[0]], "lineno", 1),
-                hint='name the one to optimize with ENTRY = "function_name"',
-            )
-        entry = roots[0]
+        entry = picked
     return ModuleSpec(
         path=path,
         entry=entry,
@@ -155,6 +197,7 @@ def inspect_source(source: str, path: str) -> ModuleSpec:
         reference_line=getattr(funcs["reference"], "lineno", 1),
         make_inputs_line=getattr(funcs["make_inputs"], "lineno", 1),
         has_hand_tuned="hand_tuned" in funcs,
+        pallas_in_file=entry in reach,
     )
 
 

@@ -66,6 +66,11 @@ def pallas_call_nodes(loc: Located) -> list[cst.Call]:
 
 def find_call_node(loc: Located, call: CallFacts) -> cst.Call:
     """The `pallas_call(...)` node that produced `call` (declines when the span is unknown or ambiguous)."""
+    check(
+        call.library_site is None,
+        f"call {call.index}'s pallas_call is in a library ({call.library_site}): only the values this file passes "
+        "to it can change",
+    )
     check(call.span is not None, "the traced call has no source location")
     assert call.span is not None
     first, last = call.span

@@ -45,6 +45,9 @@ class IndexMap:
     data_dependent: bool
     text: str
     fn: Callable[[Sequence[int]], tuple[int, ...]] | None = field(default=None, compare=False, repr=False)
+    # For a block dim that depends on several grid axes (a causal kv map: `select(on_diag, kv, 0)`), the axis whose
+    # index it takes at most grid points, when one clearly does (the axis its block size tiles); None otherwise.
+    walks: tuple[int | None, ...] = ()
 
     @property
     def axes(self) -> tuple[int, ...]:
@@ -166,6 +169,12 @@ class CallFacts:
     span: tuple[int, int] | None  # first and last source line of the pallas_call expression
     input_output_aliases: tuple[tuple[int, int], ...] = ()
     has_cost_estimate: bool = False
+    # `file:line (function)` of the pallas_call when a library wrote it (then `span` is the user's call into the
+    # library, and only the values the user's file passes in can be rewritten); None when the user's file wrote it.
+    library_site: str | None = None
+    # Grid axes whose extent is only known at run time (a scalar the kernel computes, e.g. megablox's active tiles):
+    # `grid` holds ceil(array / block) along them, the extent when no block is visited twice.
+    dynamic_axes: tuple[int, ...] = ()
     kernel_jaxpr_text: str = field(default="", compare=False, repr=False)
 
     @property

@@ -61,13 +61,19 @@ def _bound_name(loc: Located, node: cst.Integer) -> str | None:
         return t.value if isinstance(t, cst.Name) else None
     if isinstance(parent, cst.Element):
         tup = loc.parent(parent)
-        assign = loc.parent(tup) if tup is not None else None
-        if isinstance(tup, cst.Tuple) and isinstance(assign, cst.Assign) and len(assign.targets) == 1:
-            target = assign.targets[0].target
+        holder = loc.parent(tup) if tup is not None else None
+        if not isinstance(tup, cst.Tuple | cst.List):
+            return None
+        idx = list(tup.elements).index(parent)
+        if isinstance(holder, cst.Assign) and len(holder.targets) == 1:
+            target = holder.targets[0].target
             if isinstance(target, cst.Tuple) and len(target.elements) == len(tup.elements):
-                idx = list(tup.elements).index(parent)
                 el = target.elements[idx].value
                 return el.value if isinstance(el, cst.Name) else None
+            if isinstance(target, cst.Name):  # TILING = (128, 256, 512): TILING0, TILING1, ...
+                return f"{target.value}{idx}"
+        if isinstance(holder, cst.Arg) and holder.keyword is not None:  # tiling=(128, 128, 128): tiling0, ...
+            return f"{holder.keyword.value}{idx}"
     if isinstance(parent, cst.AnnAssign) and isinstance(parent.target, cst.Name):
         return parent.target.value
     return None
@@ -105,10 +111,13 @@ def candidate_literals(module: cst.Module, values: set[int]) -> list[tuple[Pos, 
 
 
 def grid_axis_of(call: CallFacts, operand: int, dim: int) -> int | None:
-    """The single grid axis a block dim follows with coefficient 1 (None: fixed, or follows several axes)."""
-    op = call.operands[operand]
-    deps = op.index_map.depends_on[dim] if dim < len(op.index_map.depends_on) else ()
-    return deps[0] if len(deps) == 1 else None
+    """The grid axis a block dim walks: the single axis it depends on, or, when it depends on several (a causal kv
+    map), the one whose index it takes at most grid points; None when it is fixed or no axis clearly leads."""
+    imap = call.operands[operand].index_map
+    deps = imap.depends_on[dim] if dim < len(imap.depends_on) else ()
+    if len(deps) == 1:
+        return deps[0]
+    return imap.walks[dim] if dim < len(imap.walks) else None
 
 
 def interesting_values(calls: tuple[CallFacts, ...]) -> set[int]:
@@ -144,10 +153,14 @@ def _effects(
                     block_axes.add(axis)
         for a in block_axes:
             found.add((c0.index, a, "block"))
+        # A literal that resizes VMEM scratch and divides a grid extent sets the tile a manual DMA fills per step
+        # (paged attention's pages_per_compute_block): it is that axis's block size.
+        scratch_moved = [s.shape for s in c0.scratch] != [s.shape for s in c1.scratch]
         for a, (g0, g1) in enumerate(zip(c0.grid, c1.grid, strict=True)):
             if g0 != g1 and a not in block_axes:
                 # The literal was halved (or doubled): an extent moves the same way, a divisor the other way.
-                found.add((c0.index, a, "extent" if (g1 < g0) == shrunk else "divisor"))
+                kind = "extent" if (g1 < g0) == shrunk else "divisor"
+                found.add((c0.index, a, "block" if kind == "divisor" and scratch_moved else kind))
     return found
 
 

@@ -52,27 +52,64 @@ def trace_entry(workload: Workload, dims: Mapping[str, int] | None = None) -> An
 
 def find_pallas_calls(jaxpr: Any) -> list[Any]:
     """All `pallas_call` equations reachable from `jaxpr`, in program order."""
-    found: list[Any] = []
+    return [chain[-1] for chain in find_pallas_call_chains(jaxpr)]
+
+
+def find_pallas_call_chains(jaxpr: Any, outer: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Each `pallas_call` equation reachable from `jaxpr` with the equations that enclose it (outermost first, the
+    `pallas_call` last), in program order: a library kernel's call sits inside the `pjit`/`custom_vjp` equation that
+    the user's line made."""
+    found: list[tuple[Any, ...]] = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "pallas_call":
-            found.append(eqn)
+            found.append((*outer, eqn))
             continue
         for sub in _subjaxprs(eqn):
-            found.extend(find_pallas_calls(sub))
+            found.extend(find_pallas_call_chains(sub, (*outer, eqn)))
     return found
 
 
-def _span(eqn: Any, path: str) -> tuple[int, int] | None:
-    """First and last line of the user's `pallas_call(...)` expression that made this equation."""
+def _frames(eqn: Any) -> list[Any]:
+    """The Python frames (innermost first) recorded when `eqn` was traced; [] when the private API moved."""
     try:
         from jax._src import source_info_util as siu
 
-        for frame in siu.user_frames(eqn.source_info.traceback):
-            if frame.file_name == path:
-                return (frame.start_line, max(frame.end_line, frame.start_line))
+        tb = eqn.source_info.traceback
+        code, lasti = tb.raw_frames() if tb is not None else ([], [])
+        return [siu.raw_frame_to_frame(c, i) for c, i in zip(code, lasti, strict=True)]
     except Exception:  # private API moved: facts stay usable without spans
-        return None
+        return []
+
+
+def _span(chain: tuple[Any, ...], path: str) -> tuple[int, int] | None:
+    """First and last line in the user's file of the expression that made the `pallas_call` (the last equation of
+    `chain`): the `pallas_call(...)` itself, or, for a library kernel, the user's call into the library (found on the
+    enclosing equations when the library's own trace stops at a `jit` boundary)."""
+    for eqn in reversed(chain):
+        for frame in _frames(eqn):
+            if frame.file_name == path:
+                start = int(frame.start_line)
+                return (start, max(int(frame.end_line), start))
     return None
+
+
+def _library_site(eqn: Any, path: str) -> str | None:
+    """`file:line (function)` of a `pallas_call` written outside the user's file (a library kernel), else None."""
+    for frame in _frames(eqn):
+        name = str(frame.file_name)
+        if name == path:
+            return None
+        if _is_jax_internal(name):
+            continue
+        short = name.split("site-packages/", 1)[-1]
+        return f"{short}:{frame.start_line} ({frame.function_name})"
+    return None
+
+
+def _is_jax_internal(file_name: str) -> bool:
+    """JAX's tracing machinery (not its shipped Pallas kernels under jax/experimental/pallas/ops)."""
+    parts = file_name.replace("\\", "/")
+    return ("/jax/_src/" in parts or "/jax/experimental/pallas/" in parts) and "/pallas/ops/" not in parts
 
 
 def _block_dim(b: Any) -> int | None:
@@ -134,7 +171,30 @@ def _index_map(bm: Any, grid: tuple[int, ...], n_prefetch: int) -> IndexMap:
         fn = evaluate
         affine = _fit_affine(evaluate, grid, deps)
     depends = tuple(tuple(sorted(d)) for d in deps)
-    return IndexMap(affine=affine, depends_on=depends, data_dependent=data_dependent, text=text, fn=fn)
+    walks = _walked_axes(fn, grid, depends) if fn is not None and affine is None else ()
+    return IndexMap(affine=affine, depends_on=depends, data_dependent=data_dependent, text=text, fn=fn, walks=walks)
+
+
+def _walked_axes(
+    f: Callable[[Sequence[int]], tuple[int, ...]], grid: tuple[int, ...], deps: Sequence[tuple[int, ...]]
+) -> tuple[int | None, ...]:
+    """For each block dim that depends on several grid axes, the one axis whose index it equals on at least a third
+    of sampled grid points and at least twice as often as any other (a causal kv map walks the kv axis on and below
+    the diagonal and falls back to block 0 above it); None where no axis clearly does."""
+    if all(len(d) < 2 for d in deps):
+        return ()
+    rng = np.random.default_rng(0)
+    points = [[int(rng.integers(0, g)) for g in grid] for _ in range(64)] + [[g - 1 for g in grid]]
+    try:
+        values = [f(p) for p in points]
+    except Exception:
+        return ()
+    out: list[int | None] = []
+    for d, axes in enumerate(deps):
+        hits = sorted(((sum(v[d] == p[a] for p, v in zip(points, values, strict=True)), a) for a in axes), reverse=True)
+        clear = len(axes) >= 2 and 3 * hits[0][0] >= len(points) and hits[0][0] >= 2 * hits[1][0]
+        out.append(hits[0][1] if clear else None)
+    return tuple(out)
 
 
 def _fit_affine(
@@ -182,13 +242,10 @@ def _compiler_params(raw: Any) -> tuple[dict[str, Any], tuple[str, ...] | None, 
     return out, semantics, int(vmem) if vmem is not None else None
 
 
-def call_facts(eqn: Any, index: int, path: str) -> CallFacts:
-    """The facts of one `pallas_call` equation."""
-    gm = eqn.params["grid_mapping"]
-    grid = tuple(int(g) for g in gm.grid)
+def _operands(gm: Any, grid: tuple[int, ...]) -> tuple[Operand, ...]:
     n_prefetch = int(gm.num_index_operands)
-    operands: list[Operand] = []
     n_in = int(gm.num_inputs)
+    operands: list[Operand] = []
     for pos, bm in enumerate(gm.block_mappings):
         role = "in" if pos < n_in else "out"
         aval = bm.array_aval
@@ -206,6 +263,37 @@ def call_facts(eqn: Any, index: int, path: str) -> CallFacts:
                 origin=str(bm.origin),
             )
         )
+    return tuple(operands)
+
+
+def _grid_and_operands(gm: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[Operand, ...]]:
+    """The grid, its run-time-sized axes, and the operands. An axis sized at run time (megablox's number of active
+    row tiles) gets the count of blocks along it, ceil(array / block), the size when no block is visited twice."""
+    raw = tuple(gm.grid)
+    dynamic = tuple(a for a, g in enumerate(raw) if not isinstance(g, int | np.integer))
+    grid = tuple(1 if a in dynamic else int(g) for a, g in enumerate(raw))
+    operands = _operands(gm, grid)
+    if not dynamic:
+        return grid, dynamic, operands
+    sized = list(grid)
+    for a in dynamic:
+        counts = [
+            -(-op.shape[d] // b)
+            for op in operands
+            for d, b in enumerate(op.block_shape)
+            if b and d < len(op.index_map.depends_on) and op.index_map.depends_on[d] == (a,)
+        ]
+        sized[a] = max(counts, default=1)
+    grid = tuple(sized)
+    return grid, dynamic, _operands(gm, grid)
+
+
+def call_facts(eqn: Any, index: int, path: str, enclosing: tuple[Any, ...] = ()) -> CallFacts:
+    """The facts of one `pallas_call` equation (`enclosing`: the equations around it, outermost first)."""
+    gm = eqn.params["grid_mapping"]
+    grid, dynamic, operands = _grid_and_operands(gm)
+    n_prefetch = int(gm.num_index_operands)
+    n_in = int(gm.num_inputs)
     scratch = tuple(
         Scratch(
             shape=tuple(int(s) for s in getattr(a, "shape", ())),
@@ -222,14 +310,16 @@ def call_facts(eqn: Any, index: int, path: str) -> CallFacts:
         index=index,
         name=str(meta) if meta else f"pallas_call_{index}",
         grid=grid,
-        operands=tuple(operands),
+        dynamic_axes=dynamic,
+        operands=operands,
         scratch=scratch,
         num_scalar_prefetch=n_prefetch,
         dimension_semantics=semantics,
         vmem_limit_bytes=vmem,
         compiler_params=params,
         body=body_stats(kernel, grid, len(operands) - n_in + len(scratch)),
-        span=_span(eqn, path),
+        span=_span((*enclosing, eqn), path),
+        library_site=_library_site(eqn, path),
         input_output_aliases=aliases,
         has_cost_estimate=eqn.params.get("cost_estimate") is not None,
         kernel_jaxpr_text=str(kernel),
@@ -239,16 +329,17 @@ def call_facts(eqn: Any, index: int, path: str) -> CallFacts:
 def trace_calls(workload: Workload, dims: Mapping[str, int] | None = None) -> tuple[CallFacts, ...]:
     """Facts of every pallas_call reached from the entry at `dims` (default: the module's defaults)."""
     closed = trace_entry(workload, dims)
-    eqns = find_pallas_calls(closed.jaxpr)
-    if not eqns:
+    chains = find_pallas_call_chains(closed.jaxpr)
+    if not chains:
         raise KernelError(
             f"entry {workload.spec.entry!r} reaches no pl.pallas_call when traced",
             path=workload.path,
             line=workload.spec.entry_line,
-            hint="the entry must call pl.pallas_call (is it behind a Python branch?)",
+            hint="the entry must call pl.pallas_call, or a library kernel that does (e.g. jax.experimental.pallas"
+            ".ops.tpu.flash_attention), on this path: is it behind a Python branch?",
         )
     try:
-        return tuple(call_facts(e, i, workload.path) for i, e in enumerate(eqns))
+        return tuple(call_facts(c[-1], i, workload.path, c[:-1]) for i, c in enumerate(chains))
     except Exception as e:  # a JAX version whose internals moved: our bug, but say where
         raise KernelError(
             f"reading the traced pallas_call failed: {type(e).__name__}: {short(e)}",

@@ -5,7 +5,7 @@ A candidate is rejected (each rule gives one reason string) when it:
 - changes `reference`, `make_inputs`, `hand_tuned`, `TOLERANCE`, `CHECK_DIMS` or `ENTRY` (compared as source text
   via ast node positions; adding or removing one counts), or rebinds one of those names anywhere, or changes a
   module-level name the oracle or the inputs use (a shared `EPS`, a helper, an import);
-- renames the entry, or its entry no longer reaches a `pl.pallas_call` (`workload.inspect_source`);
+- renames the entry, or its entry no longer reaches a `pl.pallas_call` written in the file (`workload.inspect_source`);
 - lets the entry reach `reference`/`hand_tuned`, or imports the kernel's own module (the oracle) or anything outside
   a short allowlist (jax, numpy, math, functools, ...) that the original did not already import;
 - reads files or escapes the sandbox of plain array code (`open`, `eval`, `exec`, `__import__`, `globals`, dunder
@@ -238,11 +238,14 @@ def _protected_unchanged(original: str, old: ast.Module, candidate: str, new: as
 
 
 def _entry_ok(original: str, candidate: str, path: str, tree: ast.Module) -> list[str]:
-    old_entry = inspect_source(original, path).entry
+    old = inspect_source(original, path)
+    old_entry = old.entry
     try:
         spec = inspect_source(candidate, path)
     except KernelError as e:
         return [f"not a valid kernel module: {e.message}" + (f" ({e.hint})" if e.hint else "")]
+    if old.pallas_in_file and not spec.pallas_in_file:  # the loader leaves imported kernels to the trace
+        return ["not a valid kernel module: the entry no longer reaches a pl.pallas_call in this file"]
     if spec.entry != old_entry:
         return [f"the entry is now {spec.entry!r}; it must stay {old_entry!r} with the same arguments"]
     funcs = _module_bindings(tree)

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from ..cost_model.hardware import Chip
 from ..cost_model.roofline import estimate_call, legality_problems, vmem_footprint
-from ..errors import PassNotApplicable, UsageError, check
+from ..errors import KernelError, PassNotApplicable, UsageError, check
 from ..ir.cst_edit import replace_integers
 from ..ir.facts import BodyStats, CallFacts, Operand
 from ..ir.kernel_ir import KernelIR
@@ -90,7 +90,10 @@ class TilePass(Pass):
             check(scaled is not None, f"{knob.name}={size} does not divide the grid evenly")
             assert scaled is not None
             values.update(scaled)
-        new = ir.with_module(replace_integers(ir.module, values), self.spec())
+        try:
+            new = ir.with_module(replace_integers(ir.module, values), self.spec())
+        except KernelError as e:  # e.g. a library kernel that asserts block_k divides block_k_major
+            raise PassNotApplicable(f"the rewritten module does not trace: {e.message}") from None
         for got, want in zip(new.calls, expected, strict=True):
             check(
                 got.grid == want.grid
@@ -109,6 +112,7 @@ class TilePass(Pass):
             if not mine:
                 continue
             options = [_options(call, k) for k in mine]
+            known = set(legality_problems(call, chip))
             scored: list[tuple[float, TilePass]] = []
             for combo in itertools.product(*options):
                 if all(size == k.value for k, size in zip(mine, combo, strict=True)):
@@ -119,8 +123,8 @@ class TilePass(Pass):
                 except Exception:
                     continue
                 new_call = facts[call.index]
-                if legality_problems(new_call, chip):
-                    continue
+                if set(legality_problems(new_call, chip)) - known:
+                    continue  # a rule the candidate breaks (one the input already breaks is the compiler's call)
                 limit = new_call.vmem_limit_bytes or chip.default_scoped_vmem_bytes
                 if vmem_footprint(new_call, chip) > limit * 0.9:
                     continue
@@ -213,7 +217,12 @@ def predict(
                     if (b * new) % old:
                         raise ValueError("block size not integral")
                     shape[d] = b * new // old
-            ops.append(dataclasses.replace(op, block_shape=tuple(shape)))
+            imap = op.index_map
+            if imap.affine is None and imap.fn is not None and any(k[0] == call.index for k in scale):
+                # A non-affine map (a causal kv map) may bake the old block sizes into its constants: counting its
+                # fetches by evaluating it would be wrong (and slow); the cost model falls back to its structure.
+                imap = dataclasses.replace(imap, fn=None)
+            ops.append(dataclasses.replace(op, block_shape=tuple(shape), index_map=imap))
         grid = list(call.grid)
         ratios: list[tuple[int, int]] = []
         for a, g in enumerate(grid):

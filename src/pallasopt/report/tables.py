@@ -26,6 +26,12 @@ def _axes(dep: tuple[tuple[int, ...], ...]) -> str:
     return "(" + ", ".join("g" + ",g".join(map(str, d)) if d else "-" for d in dep) + ")"
 
 
+def _dynamic(call: CallFacts) -> str:
+    if not call.dynamic_axes:
+        return ""
+    return f"; axes {list(call.dynamic_axes)} sized at run time, shown as array / block"
+
+
 def facts_table(call: CallFacts) -> Table:
     """One pallas_call: an operand per row with block shape, bytes, and which grid axes each block dim follows."""
     sem = ",".join(call.dimension_semantics) if call.dimension_semantics else "default (all arbitrary)"
@@ -34,8 +40,10 @@ def facts_table(call: CallFacts) -> Table:
         if call.span
         else f"pallas_call #{call.index} {call.name}"
     )
+    if call.library_site:
+        title += f"  (library kernel {call.library_site})"
     caption = (
-        f"grid={call.grid} ({call.steps} steps)  semantics={sem}  "
+        f"grid={call.grid} ({call.steps} steps{_dynamic(call)})  semantics={sem}  "
         f"vmem_limit={fmt_bytes(call.vmem_limit_bytes) if call.vmem_limit_bytes else 'default'}  "
         f"reduction axes={list(call.revisited_axes()) or '-'}"
     )
