@@ -114,6 +114,8 @@ def revisit_problem(o: Operand, v: Visits) -> str:
     )
     starts = np.flatnonzero(np.concatenate([[True], flat[1:] != flat[:-1]]))
     run_block = flat[starts]
+    if len(np.unique(run_block)) == len(run_block):
+        return ""  # one run per block
     seen: dict[int, int] = {}
     for r, b in enumerate(run_block.tolist()):
         if b in seen:
@@ -138,8 +140,9 @@ def coverage_gap(o: Operand, v: Visits) -> str:
     missing = math.prod(nb) - len(flat)
     if missing <= 0:
         return ""
-    every = set(range(math.prod(nb)))
-    first = np.unravel_index(min(every - flat), nb)
+    hit = np.zeros(math.prod(nb), dtype=bool)
+    hit[list(flat)] = True
+    first = np.unravel_index(int(np.argmin(hit)), nb)
     return (
         f"{o.name}: {missing} of its {math.prod(nb)} blocks are never visited by the grid (first: block "
         f"{tuple(int(x) for x in first)}), so those elements are never written"
