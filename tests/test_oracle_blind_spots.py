@@ -288,3 +288,40 @@ def test_every_verdict_reports_its_tolerance(tmp_path) -> None:
     assert ok["ok"] and ok["tolerance"].startswith("TOLERANCE float32 rtol=0.0001 atol=0.0001"), ok["tolerance"]
     bad = check_source(module(body="x_ref[...] * w_ref[...] + 0.5"), tmp_path / "k.py")
     assert not bad["ok"] and bad["tolerance"].startswith("default float32 rtol=0.001"), bad["tolerance"]
+
+
+# The grid sample patches `pl.program_id`; a module that imported `program_id` by name sees the sample's own step
+# number instead. The restriction is then checked at the check dims, disagrees there, and the sample is not used:
+# the correct kernel still passes, and the verdict says the sample was not used.
+PROGRAM_ID_BY_NAME = """\
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import program_id
+
+
+def _kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + program_id(0).astype(jnp.float32)
+
+
+def add_row_block(x):
+    spec = pl.BlockSpec((8, x.shape[1]), lambda i: (i, 0))
+    return pl.pallas_call(
+        _kernel, grid=(x.shape[0] // 8,), in_specs=[spec], out_specs=spec,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x)
+
+
+def reference(x):
+    return x + (jnp.arange(x.shape[0]) // 8).astype(jnp.float32)[:, None]
+
+
+def make_inputs(key, M=8192, N=128):
+    return (jax.random.normal(key, (M, N), jnp.float32),)
+"""
+
+
+def test_grid_sample_that_cannot_restrict_the_module_is_not_used(tmp_path) -> None:
+    r = check_source(PROGRAM_ID_BY_NAME, tmp_path / "k.py")
+    assert r["ok"], r
+    assert any("grid sample at the default dims: not used" in n for n in r["notes"]), r["notes"]
