@@ -139,11 +139,12 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     elif result.ok:
         console.print(
             f"[green]PASS[/] {args.file}: {len(result.seeds)} seeds at dims {dict(result.dims)} ({result.mode}), "
-            f"max rel err {result.max_rel_err:.2e}, {result.wall_s:.1f} s",
+            f"max rel err {result.max_rel_err:.2e}, tolerance {result.tolerance}, {result.wall_s:.1f} s",
             soft_wrap=True,
         )
     else:
-        console.print(f"[red]FAIL[/] {args.file}: {result.status}: {result.message}", soft_wrap=True)
+        tol = f" [tolerance {result.tolerance}]" if result.tolerance else ""
+        console.print(f"[red]FAIL[/] {args.file}: {result.status}: {result.message}{tol}", soft_wrap=True)
     return ExitCode.OK if result.ok else ExitCode.CHECK_FAILED
 
 

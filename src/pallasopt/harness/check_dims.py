@@ -118,3 +118,35 @@ def derive_check_dims(workload: Workload, base: tuple[CallFacts, ...] | None = N
         if max(_largest(trace_calls(workload, dims)), _largest_input(workload, dims)) <= MAX_CHECK_ELEMS // 16:
             break  # inputs count too: a kernel on the weights alone leaves the activations to XLA (imported tasks)
     return dims
+
+
+WIDE_MAX_STEPS = 256  # grid steps the second (wider) dim set may reach in total
+WIDE_MAX_ELEMS = MAX_CHECK_ELEMS // 4  # largest operand of the wider dim set (elements)
+
+
+def derive_wide_dims(workload: Workload, small: Mapping[str, int], base: tuple[CallFacts, ...]) -> dict[str, int]:
+    """A second, larger dim set for the check: the small dims doubled (round-robin, capped at the defaults) while the
+    kernel traces, its outputs stay covered, no operand exceeds WIDE_MAX_ELEMS and the grids stay under
+    WIDE_MAX_STEPS steps in total. More grid steps per axis than the small set, so a body right only for the first
+    few program ids, or a loop bound fitted to the small size, shows up. Equal to `small` when nothing can grow."""
+    dims = dict(small)
+    grown = True
+    while grown:
+        grown = False
+        for name in list(dims):
+            value, top = dims[name], workload.dims[name]
+            if value >= top:
+                continue
+            trial = {**dims, name: min(2 * value, top)}
+            try:
+                calls = trace_calls(workload, trial)
+            except Exception:
+                continue
+            if (
+                _acceptable(calls, base)
+                and _largest(calls) <= WIDE_MAX_ELEMS
+                and sum(c.steps for c in calls) <= WIDE_MAX_STEPS
+            ):
+                dims = trial
+                grown = True
+    return dims

@@ -6,6 +6,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+# Entries in the TPU interpreter's vector clocks. JAX defaults to 2 x cores (2), so every DMA shares one virtual
+# clock entry and two copies in flight look ordered: DMA-vs-DMA races go unseen. With more entries each DMA gets its
+# own (random, so two copies collide with probability ~1/63).
+VECTOR_CLOCK_SIZE = 64
+
 
 @contextlib.contextmanager
 def interpret_mode(simulate_tpu: bool) -> Iterator[Any]:
@@ -21,7 +26,9 @@ def interpret_mode(simulate_tpu: bool) -> Iterator[Any]:
     if simulate_tpu:
         from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
-        params = pltpu.InterpretParams(detect_races=True, uninitialized_memory="nan")
+        params = pltpu.InterpretParams(
+            detect_races=True, uninitialized_memory="nan", vector_clock_size=VECTOR_CLOCK_SIZE
+        )
         with pltpu.force_tpu_interpret_mode(params):
             yield ipc
         return

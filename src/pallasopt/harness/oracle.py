@@ -13,12 +13,9 @@ inputs scaled by 1e4 must give finite outputs wherever the reference's are (over
 
 from __future__ import annotations
 
-import math
 import time
-import types
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -26,34 +23,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ir.facts import CallFacts
+from ..ir.pipelining import pipelining_problem
 from ..ir.trace import arg_structs, find_pallas_calls, trace_calls
 from ..workload import Workload
-from .check_dims import coverage_problem, derive_check_dims
+from .check_dims import coverage_problem, derive_check_dims, derive_wide_dims
+from .compare import DEFAULT_TOLERANCE, OutputReport, compare, tolerance_for, validate_tolerance
+from .grid_sample import sample_problem
+from .guards import extend_seeds, inputs_problem, reference_disabled
 from .interpret import interpret_mode, races_found
 
-# Default tolerance by output dtype (rtol, atol). Differences come from accumulation order and transcendental
-# implementations, never from dropped work, so these stay tight.
-DEFAULT_TOLERANCE: dict[str, tuple[float, float]] = {
-    "float64": (1e-7, 1e-7),
-    "float32": (1e-3, 1e-3),
-    "bfloat16": (2e-2, 2e-2),
-    "float16": (1e-2, 1e-2),
-}
 LARGE = 1e4  # float inputs are scaled by this for the overflow check (docs/errors.md: "large-magnitude inputs")
 # Kernel-body primitives that overflow f32/bf16 on LARGE-scaled inputs; others (tanh, rsqrt, a product of a few
 # factors) stay far below 3.4e38, so the overflow run is skipped for kernels without one of these.
 EXPONENTIAL = frozenset({"exp", "exp2", "expm1", "pow", "sinh", "cosh"})
-
-
-@dataclass(frozen=True)
-class OutputReport:
-    index: int
-    shape: tuple[int, ...]
-    dtype: str
-    max_abs_err: float
-    max_rel_err: float
-    bad: int  # elements outside tolerance
-    nan: int  # NaN/inf elements in the kernel's output where the reference is finite
 
 
 def needs_tpu_simulation(calls: tuple[CallFacts, ...]) -> bool:
@@ -64,105 +46,8 @@ def needs_tpu_simulation(calls: tuple[CallFacts, ...]) -> bool:
     )
 
 
-def _tolerance(dtype: str, override: Mapping[str, float] | None) -> tuple[float, float]:
-    rtol, atol = DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
-    if override:
-        rtol = float(override.get("rtol", rtol))
-        atol = float(override.get("atol", atol))
-    return rtol, atol
-
-
-def _compare(index: int, out: Any, ref: Any, tol: Mapping[str, float] | None) -> tuple[OutputReport, str]:
-    """Compare one output leaf with its reference; returns the report and '' or the reason it fails."""
-    o_np, r_np = np.asarray(out), np.asarray(ref)
-    if o_np.shape != r_np.shape or o_np.dtype != r_np.dtype:
-        rep = OutputReport(index, tuple(o_np.shape), str(o_np.dtype), math.inf, math.inf, o_np.size, 0)
-        return rep, (
-            f"output {index}: kernel gives {o_np.dtype}{list(o_np.shape)}, reference {r_np.dtype}{list(r_np.shape)}"
-        )
-    dtype = str(o_np.dtype)
-    o = o_np.astype(np.float64)
-    r = r_np.astype(np.float64)
-    rtol, atol = _tolerance(dtype, tol)
-    finite_ref = np.isfinite(r)
-    nonfinite = int(np.sum((~np.isfinite(o) & finite_ref) | np.isnan(o)))
-    diff = np.abs(o - r)
-    diff = np.where(np.isnan(diff), np.inf, diff)
-    bad = int(np.sum(diff > atol + rtol * np.abs(r)))
-    finite = np.isfinite(diff)
-    max_abs = float(diff.max()) if diff.size else 0.0
-    scale = float(np.abs(r[finite_ref]).max()) if finite_ref.any() else 1.0
-    max_rel = max_abs / max(scale, 1e-30) if math.isfinite(max_abs) else math.inf
-    rep = OutputReport(index, tuple(o.shape), dtype, max_abs, max_rel, bad, nonfinite)
-    if np.isnan(r).any():
-        return rep, f"output {index}: the reference itself produced NaN; fix make_inputs or the reference"
-    if nonfinite:
-        return rep, f"output {index}: {nonfinite} NaN/inf elements (unwritten output or overflow)"
-    if bad:
-        worst = float(diff[finite].max()) if finite.any() else math.inf
-        return rep, (
-            f"output {index}: {bad}/{o.size} elements outside rtol={rtol:g} atol={atol:g} (max abs err {worst:.3g})"
-        )
-    return rep, ""
-
-
 def _snapshot(args: tuple[Any, ...]) -> list[np.ndarray]:
     return [np.array(a, copy=True) for a in jax.tree.leaves(args)]
-
-
-class ReferenceCalled(Exception):
-    """Kernel code called `reference` while the oracle had it disabled."""
-
-
-@dataclass
-class _ReferenceGuard:
-    original: Callable[..., Any]  # the working reference, for the oracle's own calls
-    calls: int = 0  # times kernel code called the disabled one
-
-
-_TRIP = "_pallasopt_reference_disabled_"
-
-
-def _tripping_code() -> types.CodeType:
-    """A code object that calls `_TRIP` from the globals of the function it is put into."""
-    ns: dict[str, Any] = {}
-    exec(f"def reference(*args, **kwargs):\n    return {_TRIP}()\n", ns)
-    code: types.CodeType = ns["reference"].__code__
-    return code
-
-
-@contextmanager
-def reference_disabled(module: types.ModuleType) -> Iterator[_ReferenceGuard]:
-    """Make `reference` raise `ReferenceCalled` for kernel code: an entry that returns (or peeks at) the reference's
-    output cannot pass. The module attribute is replaced and, for a plain function, its code object too, so aliases
-    taken at import (`_ref = reference`, a default argument) trip as well. The oracle calls `guard.original`."""
-    ref = module.reference
-    guard = _ReferenceGuard(original=ref)
-
-    def trip(*_args: Any, **_kwargs: Any) -> Any:
-        guard.calls += 1
-        raise ReferenceCalled("the kernel called `reference`")
-
-    swap = isinstance(ref, types.FunctionType) and not ref.__code__.co_freevars
-    code = ref.__code__ if swap else None
-    scopes = [module.__dict__]
-    if swap:
-        copy = types.FunctionType(ref.__code__, ref.__globals__, ref.__name__, ref.__defaults__, ref.__closure__)
-        copy.__kwdefaults__ = ref.__kwdefaults__
-        guard.original = copy
-        scopes.append(ref.__globals__)
-        ref.__code__ = _tripping_code()
-    for scope in scopes:
-        scope[_TRIP] = trip
-    setattr(module, "reference", trip)  # noqa: B010  (mypy: ModuleType has no attribute `reference`)
-    try:
-        yield guard
-    finally:
-        setattr(module, "reference", ref)  # noqa: B010
-        if code is not None:
-            ref.__code__ = code
-        for scope in scopes:
-            scope.pop(_TRIP, None)
 
 
 def _runs_pallas(fn: Callable[..., Any], structs: tuple[Any, ...]) -> bool:
@@ -239,14 +124,33 @@ def _determinism_problem(
     return ""
 
 
+@dataclass
+class _Verdict:
+    """What the check has learnt so far; `done` turns it into the JSON reply."""
+
+    dims: dict[str, int]
+    seeds: tuple[int, ...]
+    mode: str
+    tolerance: dict[str, float] | None
+    start: float
+    reports: list[OutputReport] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was checked beyond the seeds, and what was not
+
+    def done(self, status: str, message: str) -> dict[str, Any]:
+        return _result(self, status, message)
+
+
 def run_check(workload: Workload, seeds: tuple[int, ...], dims: Mapping[str, int] | None) -> dict[str, Any]:
     """Check the workload's entry against its reference; a JSON-ready dict (see check.CheckResult).
 
-    `reference` is disabled for kernel code for the whole check (see `reference_disabled`)."""
+    `reference` is disabled for kernel code for the whole check (see `guards.reference_disabled`). The seeds are
+    extended to at least three distinct ones. A malformed TOLERANCE raises KernelError (exit 3)."""
     start = time.perf_counter()
+    seeds = extend_seeds(seeds)
+    tolerance = validate_tolerance(getattr(workload.module, "TOLERANCE", None), workload.source, workload.path)
     with reference_disabled(workload.module) as guard:
         try:
-            result = _run_check(workload, seeds, dims, guard.original, start)
+            result = _run_check(workload, seeds, dims, guard.original, tolerance, start)
         except Exception:
             if not guard.calls:
                 raise
@@ -256,10 +160,64 @@ def run_check(workload: Workload, seeds: tuple[int, ...], dims: Mapping[str, int
             "the kernel called `reference` (the oracle disables it while kernel code runs): the entry must compute "
             "its outputs itself, never return or use the reference's"
         )
-        used = result["dims"] if result else dict(dims or workload.dims)
-        return _result("calls-reference", msg, used, seeds, result["mode"] if result else "", [], start)
+        used = dict(result["dims"]) if result else dict(dims or workload.dims)
+        v = _Verdict(used, seeds, result["mode"] if result else "", tolerance, start)
+        return v.done("calls-reference", msg)
     assert result is not None
     return result
+
+
+def _pipelining(calls: tuple[CallFacts, ...], where: str, notes: list[str]) -> tuple[str, str]:
+    """(status, message) when a call's grid breaks the TPU pipelining rules or leaves output blocks unvisited."""
+    for c in calls:
+        why, exact = pipelining_problem(c)
+        if not exact:
+            notes.append(f"pallas_call #{c.index} at {where}: grid of {c.steps} steps, index maps sampled")
+        if why:
+            status = "coverage" if "never visited" in why else "pipelining"
+            return status, f"at {where} pallas_call #{c.index}: {why}"
+    return "", ""
+
+
+def _inputs(workload: Workload, seed: int, dims: Mapping[str, int]) -> tuple[Any, ...]:
+    args = workload.make_inputs(jax.random.key(seed), **dims)
+    return tuple(args) if isinstance(args, tuple | list) else (args,)
+
+
+def _run_once(
+    workload: Workload,
+    reference: Callable[..., Any],
+    args: tuple[Any, ...],
+    simulate: bool,
+    v: _Verdict,
+    label: str,
+) -> tuple[str, str, list[np.ndarray]]:
+    """Run kernel and reference on `args` and compare: (status, message, the kernel's output leaves)."""
+    before = _snapshot(args)
+    with interpret_mode(simulate) as state:
+        out = jax.block_until_ready(workload.entry(*args))
+    raced = simulate and races_found(state)
+    ref = jax.block_until_ready(reference(*args))
+    after = _snapshot(args)
+    if len(before) != len(after) or any(
+        b.shape != a.shape or not np.array_equal(b, a, equal_nan=True) for b, a in zip(before, after, strict=True)
+    ):
+        return "error", "the inputs changed during the run", []
+    out_leaves, ref_leaves = jax.tree.leaves(out), jax.tree.leaves(ref)
+    outs = [np.array(o, copy=True) for o in out_leaves]
+    if len(out_leaves) != len(ref_leaves):
+        return "shape", f"kernel returns {len(out_leaves)} outputs, reference {len(ref_leaves)}", outs
+    status, problem = "pass", ""
+    for i, (o, r) in enumerate(zip(out_leaves, ref_leaves, strict=True)):
+        rep, why = compare(i, o, r, v.tolerance)
+        v.reports.append(rep)
+        if why and not problem:
+            problem = f"{label}: {why}"
+            status = "shape" if "kernel gives" in why else ("nan" if "NaN" in why else "mismatch")
+    if raced:
+        extra = f" ({problem})" if problem else ""
+        return "race", f"{label}: the TPU interpreter's race detector reported a data race{extra}", outs
+    return status, problem, outs
 
 
 def _run_check(
@@ -267,61 +225,45 @@ def _run_check(
     seeds: tuple[int, ...],
     dims: Mapping[str, int] | None,
     reference: Callable[..., Any],
+    tolerance: dict[str, float] | None,
     start: float,
 ) -> dict[str, Any]:
     base = trace_calls(workload, workload.dims)
     use_dims = dict(dims) if dims else derive_check_dims(workload, base)
     calls = trace_calls(workload, use_dims)
     simulate = needs_tpu_simulation(calls)
-    mode = "interpret-tpu-races" if simulate else "interpret"
-
-    def done(status: str, message: str, reports: list[OutputReport] | None = None) -> dict[str, Any]:
-        return _result(status, message, use_dims, seeds, mode, reports or [], start)
-
+    v = _Verdict(use_dims, seeds, "interpret-tpu-races" if simulate else "interpret", tolerance, start)
     gap = coverage_problem(base, calls, workload.dims)
     if gap:
-        return done("coverage", gap)
+        return v.done("coverage", gap)
+    for where, facts in ((f"the default dims {dict(workload.dims)}", base), (f"the check dims {use_dims}", calls)):
+        status, why = _pipelining(facts, where, v.notes)
+        if why:
+            return v.done(status, why)
     if _runs_pallas(reference, arg_structs(workload, use_dims)):
-        return done(
+        return v.done(
             "reference-kernel", "the reference runs a pallas_call: it must be plain JAX, independent of the kernel"
         )
-    reports: list[OutputReport] = []
-    problem = ""
-    status = "pass"
+    inputs = [(seed, _inputs(workload, seed, use_dims)) for seed in seeds]
+    why = inputs_problem([(seed, _snapshot(args)) for seed, args in inputs])
+    if why:
+        return v.done("inputs", why)
     first: tuple[tuple[Any, ...], list[np.ndarray]] | None = None
-    for seed in seeds:
-        args = workload.make_inputs(jax.random.key(seed), **use_dims)
-        args = tuple(args) if isinstance(args, tuple | list) else (args,)
-        before = _snapshot(args)
-        if all(not np.any(b) for b in before if jnp.issubdtype(b.dtype, jnp.inexact)):
-            return done("error", "make_inputs returned all-zero float inputs")
-        with interpret_mode(simulate) as state:
-            out = jax.block_until_ready(workload.entry(*args))
-        raced = simulate and races_found(state)
-        ref = jax.block_until_ready(reference(*args))
-        after = _snapshot(args)
-        if len(before) != len(after) or any(
-            b.shape != a.shape or not np.array_equal(b, a, equal_nan=True) for b, a in zip(before, after, strict=True)
-        ):
-            return done("error", "the inputs changed during the run")
-        out_leaves, ref_leaves = jax.tree.leaves(out), jax.tree.leaves(ref)
-        if first is None:
-            first = (args, [np.array(o, copy=True) for o in out_leaves])
-        if len(out_leaves) != len(ref_leaves):
-            return done("shape", f"kernel returns {len(out_leaves)} outputs, reference {len(ref_leaves)}")
-        for i, (o, r) in enumerate(zip(out_leaves, ref_leaves, strict=True)):
-            rep, why = _compare(i, o, r, workload.tolerance)
-            reports.append(rep)
-            if why and not problem:
-                problem = f"seed {seed}: {why}"
-                status = "shape" if "kernel gives" in why else ("nan" if "NaN" in why else "mismatch")
-        if raced:
-            extra = f" ({problem})" if problem else ""
-            problem = f"seed {seed}: the TPU interpreter's race detector reported a data race{extra}"
-            status = "race"
-        if problem:
-            return done(status, problem, reports)
+    for seed, args in inputs:
+        status, why, outs = _run_once(workload, reference, args, simulate, v, f"seed {seed}")
+        if why:
+            return v.done(status, why)
+        first = first or (args, outs)
     assert first is not None
+    status, why = _wide_check(workload, reference, base, use_dims, seeds[-1], v)
+    if why:
+        return v.done(status, why)
+    if not simulate:
+        status, why = sample_problem(workload, reference, base, calls, use_dims, seeds[0], tolerance, v.notes)
+        if why:
+            return v.done(status, why)
+    else:
+        v.notes.append("grid sample at the default dims: not run (manual-DMA kernel)")
     args, outs = first
     grows = any(set(c.body.primitives) & EXPONENTIAL for c in calls)
     # A module may opt out with OVERFLOW_CHECK = False when its inputs have no meaning at 1e4x scale (log-space
@@ -329,31 +271,64 @@ def _run_check(
     wanted = getattr(workload.module, "OVERFLOW_CHECK", True) is not False
     why = _overflow_problem(workload.entry, reference, args, simulate) if grows and wanted else ""
     if why:
-        return done("overflow", f"seed {seeds[0]}: {why}", reports)
+        return v.done("overflow", f"seed {seeds[0]}: {why}")
     why = _determinism_problem(workload.entry, args, outs, simulate)
     if why:
-        return done("nondeterministic", f"seed {seeds[0]}: {why}", reports)
-    return done("pass", "", reports)
+        return v.done("nondeterministic", f"seed {seeds[0]}: {why}")
+    return v.done("pass", "")
 
 
-def _result(
-    status: str,
-    message: str,
-    dims: Mapping[str, int],
-    seeds: tuple[int, ...],
-    mode: str,
-    reports: list[OutputReport],
-    start: float,
-) -> dict[str, Any]:
+def _wide_check(
+    workload: Workload,
+    reference: Callable[..., Any],
+    base: tuple[CallFacts, ...],
+    small: dict[str, int],
+    seed: int,
+    v: _Verdict,
+) -> tuple[str, str]:
+    """One more seed at a second, wider dim set (more grid steps per axis, still cheap): bugs that need more steps
+    than the small dims have (a hard-coded loop bound, a body right only while program_id < 8)."""
+    wide = derive_wide_dims(workload, small, base)
+    if wide == small:
+        v.notes.append("no wider dim set: the small dims cannot grow within the check's budget")
+        return "", ""
+    calls = trace_calls(workload, wide)
+    status, why = _pipelining(calls, f"the wide dims {wide}", v.notes)
+    if why:
+        return status, why
+    v.notes.append(f"wide dims {wide}: {sum(c.steps for c in calls)} grid steps")
+    args = _inputs(workload, seed + 1, wide)
+    status, why, _ = _run_once(workload, reference, args, needs_tpu_simulation(calls), v, f"wide dims {wide}")
+    return status, why
+
+
+def _result(v: _Verdict, status: str, message: str) -> dict[str, Any]:
+    reports = v.reports
     return {
         "ok": status == "pass",
         "status": status,
         "message": message,
-        "dims": dict(dims),
-        "seeds": list(seeds),
-        "mode": mode,
+        "dims": dict(v.dims),
+        "seeds": list(v.seeds),
+        "mode": v.mode,
         "max_abs_err": max((r.max_abs_err for r in reports), default=0.0),
         "max_rel_err": max((r.max_rel_err for r in reports), default=0.0),
         "outputs": [r.__dict__ | {"shape": list(r.shape)} for r in reports],
-        "wall_s": time.perf_counter() - start,
+        "tolerance": describe_tolerance(v.tolerance, reports),
+        "notes": list(v.notes),
+        "wall_s": time.perf_counter() - v.start,
     }
+
+
+def describe_tolerance(given: Mapping[str, float] | None, reports: list[OutputReport]) -> str:
+    """The tolerance a verdict used, in words: its source (the module's TOLERANCE or the per-dtype default) and, per
+    output dtype, rtol and atol (a fraction of the output's largest |reference|, with the absolute value it gave)."""
+    source = "TOLERANCE" if given else "default"
+    parts: dict[str, str] = {}
+    for r in reports:
+        rtol, atol = tolerance_for(r.dtype, given)
+        parts.setdefault(r.dtype, f"{r.dtype} rtol={rtol:g} atol={atol:g}*max|ref|={r.atol:.3g}")
+    if not parts:
+        shown = given or {k: v for k, v in zip(("rtol", "atol"), DEFAULT_TOLERANCE["float32"], strict=True)}
+        return f"{source} rtol={shown.get('rtol', 'default')} atol={shown.get('atol', 'default')}*max|ref|"
+    return f"{source} " + "; ".join(parts.values())

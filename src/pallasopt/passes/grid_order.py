@@ -25,25 +25,10 @@ from ..ir.cst_edit import (
 )
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
+from ..ir.pipelining import order_keeps_outputs_consecutive
 from .base import Pass
 
 MAX_CHOICES = 3
-
-
-def valid(call: CallFacts, order: tuple[int, ...]) -> bool:
-    """Every output block's visits stay consecutive: axes an output does not follow come after those it does.
-
-    (Pallas writes an output block back when its index changes and never re-reads it, and accumulators in scratch
-    are reset on the first step of their axis: both need the reduction axes innermost.)"""
-    pos = {a: i for i, a in enumerate(order)}
-    moving = [a for a in range(len(call.grid)) if call.grid[a] > 1]
-    for o in call.outputs:
-        follows = [a for a in moving if a in o.index_map.axes]
-        revisits = [a for a in moving if a not in o.index_map.axes]
-        if follows and revisits and max(pos[a] for a in follows) > min(pos[a] for a in revisits):
-            return False
-    carried = set(call.body.conditional_axes)
-    return not (carried and any(pos[a] < pos[b] for a in carried for b in moving if b not in carried))
 
 
 @dataclass(frozen=True)
@@ -70,7 +55,7 @@ class GridOrderPass(Pass):
             base = estimate_call(c, chip).bytes
             scored = []
             for perm in itertools.permutations(range(n)):
-                if perm == tuple(range(n)) or not valid(c, perm):
+                if perm == tuple(range(n)) or not order_keeps_outputs_consecutive(c, perm):
                     continue
                 traffic = estimate_call(c, chip, order=perm).bytes
                 if traffic < base:
@@ -86,7 +71,10 @@ class GridOrderPass(Pass):
         perm = self.order
         check(sorted(perm) == list(range(n)), f"order must be a permutation of 0..{n - 1}")
         check(perm != tuple(range(n)), "the order is already this")
-        check(valid(facts, perm), "this order would revisit output blocks non-consecutively (reductions go innermost)")
+        check(
+            order_keeps_outputs_consecutive(facts, perm),
+            "this order would revisit output blocks non-consecutively (reductions go innermost)",
+        )
         check(not facts.body.has_dma, "kernels with manual DMA chains are not reordered")
         inv = {old: new for new, old in enumerate(perm)}
         loc = Located.of(ir.module)
