@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from ..db.store import KernelDB
+from ..harness.check import ORACLE_VERSION
 from ..ir.kernel_ir import KernelIR
 from .ranking import unavailable_reason
 from .tiers import Evaluator, TierResult
@@ -61,7 +62,8 @@ class CachedEvaluator:
         return self._cached(ir, "compiler", self.target, lambda: self.inner.compiler(ir))
 
     def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
-        key = "seeds=" + ",".join(map(str, seeds))
+        # The workload row already keys on pallasopt's code digest; the oracle's version is named in the key too.
+        key = f"oracle={ORACLE_VERSION};seeds=" + ",".join(map(str, seeds))
         kw = {} if deadline is None else {"deadline": deadline}  # fakes without a budget need not take it
         result = self._cached(ir, "check", key, lambda: self.inner.check(ir, seeds, **kw))
         assert result is not None
