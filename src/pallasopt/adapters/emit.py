@@ -100,20 +100,9 @@ def to_kernel_module_template(sw: SuiteWorkload, *, embed: bool = True, out_dir:
         "",
         "",
     ]
-    dim_params = "".join(f", {k}={v}" for k, v in sw.dims.items())
-    dim_args = ", ".join(f"{k}={k}" for k in sw.dims)
     builder = "create_inputs" if sw.suite == "jaxbench" else "get_inputs"
-    head, body = (
-        f"def make_inputs(key{dim_params}):",
-        f"    return _SUITE.make_inputs(key{', ' + dim_args if dim_args else ''})",
-    )
-    if len(head) > 120:
-        head = "def make_inputs(\n    key,\n" + "".join(f"    {k}={v},\n" for k, v in sw.dims.items()) + "):"
-    if len(body) > 120:
-        body = (
-            "    return _SUITE.make_inputs(\n        key,\n" + "".join(f"        {k}={k},\n" for k in sw.dims) + "    )"
-        )
-    pieces += [head, f'    """The suite\'s {builder} at these dims, its fixed seeds folded into `key`."""', body]
+    doc = f'    """The suite\'s {builder} at these dims, its fixed seeds folded into `key`."""'
+    pieces += _make_inputs_lines(sw, doc)
     if sw.hand_tuned is not None:
         pieces += [
             "",
@@ -158,7 +147,7 @@ ENTRY_NAME = "pallasopt_entry"
 _GENERATED = ("ENTRY", "TOLERANCE", "CHECK_DIMS", "reference", "make_inputs", ENTRY_NAME, "_SUITE", "_SUITE_SOURCE")
 
 
-def _make_inputs_lines(sw: SuiteWorkload) -> list[str]:
+def _make_inputs_lines(sw: SuiteWorkload, doc: str) -> list[str]:
     dim_params = "".join(f", {k}={v}" for k, v in sw.dims.items())
     dim_args = ", ".join(f"{k}={k}" for k in sw.dims)
     head = f"def make_inputs(key{dim_params}):"
@@ -244,7 +233,10 @@ def to_kernel_module(
         f"    return _SUITE.reference({args})",
         "",
         "",
-        *_make_inputs_lines(sw),
+        *_make_inputs_lines(
+            sw,
+            '    """The suite\'s inputs at these dims (its fixed seeds folded into `key`; parameters drawn from it)."""',
+        ),
     ]
     if sw.hand_tuned is not None:
         pieces += [
