@@ -284,7 +284,9 @@ def test_a_check_stops_at_the_budget_and_is_not_kept(tmp_path: Path, monkeypatch
         r = cached.check(ir, (1, 2), deadline=time.perf_counter() + 20.0)
         assert 15.0 < asked[-1] <= 20.0  # the child gets what is left of the budget, not 300 s
         assert not r.ok and r.data["budget_cut"] and "stopped at the search budget" in r.message
-        assert db.get_eval(cached.candidate_id(ir), "check", f"oracle={ORACLE_VERSION};seeds=1,2") is None  # no verdict: not kept
+        assert (
+            db.get_eval(cached.candidate_id(ir), "check", f"oracle={ORACLE_VERSION};seeds=1,2") is None
+        )  # no verdict: not kept
         r = cached.check(ir, (1, 2))  # without a budget: the full timeout, and a real verdict is kept
         assert asked[-1] == 300.0 and r.message.startswith("timed out")
         assert db.get_eval(cached.candidate_id(ir), "check", f"oracle={ORACLE_VERSION};seeds=1,2") is not None
