@@ -231,7 +231,19 @@ Build = Callable[[Any, dict[str, int]], tuple[tuple[Any, ...], dict[str, Any]]]
 Call = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 
 
-_SEEN: dict[tuple[str, tuple[tuple[str, int], ...]], tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]]] = {}
+@dataclass(frozen=True)
+class _Built:
+    """What one make_inputs call knew: the suite's parameters, the dims, and where its static scalars sat."""
+
+    params: dict[str, Any]
+    dims: dict[str, int]
+    n_outputs: int
+    static: dict[int, Any]
+
+
+# Per suite file and default dims, shared by every bridge of it in the process: a module pallasopt writes (the
+# optimized kernel, with the same embedded task) must know the inputs its original's make_inputs built.
+_SEEN: dict[tuple[str, tuple[tuple[str, int], ...]], dict[Signature, _Built]] = {}
 
 
 def _is_scalar(x: Any) -> bool:
@@ -248,12 +260,7 @@ class _Bridge:
 
     def __init__(self, path: str, dims: dict[str, int], build: Build, call: Call, hand: Call | None) -> None:
         self.path, self.dims, self._build, self._call, self._hand = path, dims, build, call, hand
-        # Shared by every bridge of this suite file in the process: a module pallasopt writes (the optimized
-        # kernel, with the same embedded task) must know the inputs its original's make_inputs built.
-        shared = _SEEN.setdefault((path, tuple(sorted(dims.items()))), ({}, {}, {}))
-        self._seen: dict[Signature, dict[str, Any]] = shared[0]
-        self._dims_seen: dict[Signature, dict[str, int]] = shared[1]
-        self._static_seen: dict[Signature, tuple[int, dict[int, Any]]] = shared[2]
+        self._seen = _SEEN.setdefault((path, tuple(sorted(dims.items()))), {})
         self.default_static: tuple[int, ...] = ()  # positions of the static scalars at the default dims
 
     def make_inputs(self, key: Any, **dims: int) -> tuple[Any, ...]:
@@ -266,13 +273,12 @@ class _Bridge:
         built, params = self._build(key, full)
         static = {i: a for i, a in enumerate(built) if _is_scalar(a)}
         args = tuple(a for i, a in enumerate(built) if i not in static)
-        sig = _signature(args)
-        self._seen[sig], self._dims_seen[sig], self._static_seen[sig] = params, full, (len(built), static)
+        self._seen[_signature(args)] = _Built(params, full, len(built), static)
         if full == self.dims:
             self.default_static = tuple(static)
         return args
 
-    def params(self, *args: Any) -> dict[str, Any]:
+    def _record(self, args: tuple[Any, ...]) -> _Built:
         sig = _signature(args)
         if sig not in self._seen:
             jax.eval_shape(lambda: self.make_inputs(jax.random.key(0)))  # records the default dims' shapes
@@ -283,19 +289,20 @@ class _Bridge:
                 path=self.path,
                 hint="build them with make_inputs(key, **dims): the suite's parameters follow the dims",
             )
-        return dict(self._seen[sig])
+        return self._seen[sig]
+
+    def params(self, *args: Any) -> dict[str, Any]:
+        return dict(self._record(args).params)
 
     def dims_of(self, *args: Any) -> dict[str, int]:
         """The dims that built inputs of these shapes (see `params`)."""
-        self.params(*args)
-        return dict(self._dims_seen[_signature(args)])
+        return dict(self._record(args).dims)
 
     def full_args(self, *args: Any) -> tuple[Any, ...]:
         """`args` with the builder's static scalars put back in their places."""
-        self.params(*args)
-        n, static = self._static_seen[_signature(args)]
+        rec = self._record(args)
         dyn = iter(args)
-        return tuple(static[i] if i in static else next(dyn) for i in range(n))
+        return tuple(rec.static[i] if i in rec.static else next(dyn) for i in range(rec.n_outputs))
 
     def reference(self, *args: Any) -> Any:
         return self._call(self.full_args(*args), self.params(*args))

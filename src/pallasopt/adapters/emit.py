@@ -103,15 +103,20 @@ def to_kernel_module_template(sw: SuiteWorkload, *, embed: bool = True, out_dir:
     builder = "create_inputs" if sw.suite == "jaxbench" else "get_inputs"
     doc = f'    """The suite\'s {builder} at these dims, its fixed seeds folded into `key`."""'
     pieces += _make_inputs_lines(sw, doc)
-    if sw.hand_tuned is not None:
-        pieces += [
-            "",
-            "",
-            f"def hand_tuned({args}):",
-            f'    """The suite\'s own kernel ({_safe(Path(sw.hand_tuned_path or "").name)}), for comparison."""',
-            f"    return _SUITE.hand_tuned({args})",
-        ]
-    return "\n".join(pieces) + "\n"
+    return "\n".join(pieces + _hand_tuned_lines(sw, args)) + "\n"
+
+
+def _hand_tuned_lines(sw: SuiteWorkload, args: str) -> list[str]:
+    """`hand_tuned`, when the task folder ships the suite's own kernel beside the one being optimized."""
+    if sw.hand_tuned is None:
+        return []
+    return [
+        "",
+        "",
+        f"def hand_tuned({args}):",
+        f'    """The suite\'s own kernel ({_safe(Path(sw.hand_tuned_path or "").name)}), for comparison."""',
+        f"    return _SUITE.hand_tuned({args})",
+    ]
 
 
 def _embedded_suite(sw: SuiteWorkload) -> list[str]:
@@ -238,15 +243,7 @@ def to_kernel_module(
             '    """The suite\'s inputs at these dims (its fixed seeds folded into `key`; parameters drawn from it)."""',
         ),
     ]
-    if sw.hand_tuned is not None:
-        pieces += [
-            "",
-            "",
-            f"def hand_tuned({args}):",
-            f'    """The suite\'s own kernel ({_safe(Path(sw.hand_tuned_path or "").name)}), for comparison."""',
-            f"    return _SUITE.hand_tuned({args})",
-        ]
-    return "\n".join(pieces) + "\n"
+    return "\n".join(pieces + _hand_tuned_lines(sw, args)) + "\n"
 
 
 _MARKER = "# ---------------------------------------------------------------- pallasopt harness (generated)"

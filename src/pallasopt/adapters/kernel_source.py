@@ -26,12 +26,14 @@ class KernelCode:
     first_line: int = 1  # the line of the original file where `code` starts
 
 
-def _parses(text: str) -> bool:
+def _parse(text: str) -> ast.Module | SyntaxError:
+    """The module, or why it does not parse (a null byte counts as a syntax error)."""
     try:
-        ast.parse(text)
-    except (SyntaxError, ValueError):
-        return False
-    return True
+        return ast.parse(text)
+    except SyntaxError as e:
+        return e
+    except ValueError as e:
+        return SyntaxError(str(e))
 
 
 def extract_code(text: str, path: str) -> KernelCode:
@@ -39,28 +41,24 @@ def extract_code(text: str, path: str) -> KernelCode:
 
     An LLM reply often holds prose and one or more ``` blocks; the block taken is the longest one that parses and
     defines something at top level (a snippet of a few lines is an explanation, not the module)."""
-    if _parses(text):
+    whole = _parse(text)
+    if isinstance(whole, ast.Module):
         return KernelCode(text, path)
     blocks = []
     for m in _FENCE.finditer(text):
         lang, body = m.group(1).lower(), m.group(2)
-        if lang not in ("", "python", "py", "python3"):
-            continue
-        if _parses(body) and any(
-            isinstance(n, ast.FunctionDef | ast.ClassDef | ast.Assign | ast.Import | ast.ImportFrom)
-            for n in ast.parse(body).body
+        tree = _parse(body) if lang in ("", "python", "py", "python3") else None
+        if isinstance(tree, ast.Module) and any(
+            isinstance(n, ast.FunctionDef | ast.ClassDef | ast.Assign | ast.Import | ast.ImportFrom) for n in tree.body
         ):
             blocks.append((len(body), text[: m.start(2)].count("\n") + 1, body))
     if not blocks:
-        try:
-            ast.parse(text)
-        except SyntaxError as e:
-            raise KernelError(
-                f"not Python and no ```python block in it parses: {e.msg}",
-                path=path,
-                line=e.lineno,
-                hint="pass the kernel's Python module (or an LLM reply with the module in a ```python block)",
-            ) from None
+        raise KernelError(
+            f"not Python and no ```python block in it parses: {whole.msg}",
+            path=path,
+            line=whole.lineno,
+            hint="pass the kernel's Python module (or an LLM reply with the module in a ```python block)",
+        )
     _, line, body = max(blocks)
     return KernelCode(body, path, extracted=True, first_line=line)
 
