@@ -69,7 +69,7 @@ def run_point(source: str, path: str, chip_name: str, compile_: bool) -> dict[st
         t1 = time.time()
         r = Tiers(chip, compile_timeout_s=300).compiler(ir)
         row["compiler_ms"] = r.time_s * 1e3 if r is not None and r.time_s is not None else None
-        row["compiler_note"] = "" if r is None else r.detail
+        row["compiler_note"] = "" if r is None else r.message
         row["compile_s"] = round(time.time() - t1, 1)
     return row
 
