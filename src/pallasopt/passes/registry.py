@@ -11,6 +11,7 @@ from .base import Pass
 from .cost_estimate import CostEstimatePass
 from .dimension_semantics import DimensionSemanticsPass
 from .dma_overlap import DmaOverlapPass
+from .fuse import FusePass
 from .grid_order import GridOrderPass
 from .llm_rewrite import LLMRewritePass
 from .single_buffer import SingleBufferPass
@@ -25,6 +26,7 @@ PASSES: tuple[type[Pass], ...] = (
     GridOrderPass,
     AccumulateInScratchPass,
     DmaOverlapPass,
+    FusePass,
     CostEstimatePass,
     LLMRewritePass,
 )
