@@ -6,14 +6,26 @@ Edits are minimal (one node each) so the output keeps the user's formatting and 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import libcst as cst
 import libcst.matchers as m
 
 from ..errors import check
 from .facts import CallFacts
-from .matchers import Located, Pos, find_call_node, fresh_name, keyword, pltpu_alias, resolve_local, used_names
+from .matchers import (
+    Located,
+    Pos,
+    code,
+    find_call_node,
+    free_names,
+    fresh_name,
+    keyword,
+    pltpu_alias,
+    resolve_local,
+    tuple_expr,
+    used_names,
+)
 
 
 def replace_node(module: cst.Module, old: cst.CSTNode, new: cst.CSTNode) -> cst.Module:
@@ -174,3 +186,32 @@ def replace_many(module: cst.Module, mapping: Mapping[cst.CSTNode, cst.CSTNode])
             return mapping.get(original, updated)
 
     return module.visit(Replacer())
+
+
+def portable(expr: cst.CSTNode, names: set[str]) -> bool:
+    """Whether `expr` reads only `names` (e.g. module-level names: it can be moved to another function)."""
+    return free_names(expr) <= names
+
+
+def block_text(shape: cst.BaseExpression | None, traced: tuple[int | None, ...], names: set[str]) -> str:
+    """The block shape as the user wrote it when it reads only module-level names, else the traced sizes."""
+    if shape is not None and portable(shape, names):
+        return code(shape)
+    return code(tuple_expr(["None" if b is None else str(b) for b in traced]))
+
+
+def list_like(like: cst.BaseExpression | None, items: Sequence[cst.BaseExpression]) -> cst.List:
+    """A list of `items`, one per line when `like` (the list it replaces) was written one element per line."""
+    if isinstance(like, cst.List | cst.Tuple) and like.elements:
+        first = like.elements[0].comma
+        if isinstance(first, cst.Comma) and "\n" in code(first):
+            sep = first
+        else:
+            sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        last = like.elements[-1].comma
+        elems = [cst.Element(v, comma=sep) for v in items[:-1]]
+        elems.append(cst.Element(items[-1], comma=last if isinstance(last, cst.Comma) else cst.MaybeSentinel.DEFAULT))
+        lbracket = like.lbracket if isinstance(like, cst.List) else cst.LeftSquareBracket()
+        rbracket = like.rbracket if isinstance(like, cst.List) else cst.RightSquareBracket()
+        return cst.List(elems, lbracket=lbracket, rbracket=rbracket)
+    return cst.List([cst.Element(v) for v in items])

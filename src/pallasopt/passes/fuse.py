@@ -11,9 +11,10 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
-from ..errors import KernelError, PassNotApplicable, check
-from ..ir.cst_edit import ensure_pltpu, replace_many, set_keyword
+from ..errors import check
+from ..ir.cst_edit import block_text, ensure_pltpu, list_like, portable, replace_many, set_keyword
 from ..ir.facts import CallFacts, Operand
+from ..ir.fusion import Link, dataflow, fusable, link, unit_row
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     PROGRAM_ID,
@@ -43,213 +44,12 @@ from ..ir.matchers import (
     tuple_expr,
     used_names,
 )
-from ..ir.trace import find_pallas_call_chains, trace_entry
 from .base import Pass
+from .tile import TilePass, knobs_of
 
 # Keywords of the consumer's pallas_call that describe its old grid: dropped from the fused call (later passes
 # re-derive dimension semantics, VMEM limit and cost estimate for the fused kernel).
 DROPPED = ("compiler_params", "cost_estimate", "name")
-
-
-@dataclass(frozen=True)
-class Link:
-    """How consumer `consumer` reads producer `producer`'s only output: as its input `operand`, with consumer grid
-    axis c walking the producer's axis `sigma[c]`; `inner` are the producer's reduction axes (they go innermost)."""
-
-    producer: CallFacts
-    consumer: CallFacts
-    operand: int
-    sigma: tuple[int, ...]
-    inner: tuple[int, ...]
-    reblock: bool = False  # an elementwise consumer adopts the producer's blocks (and grid extents)
-
-    @property
-    def order(self) -> tuple[int, ...]:
-        """The fused grid in producer axes: the consumer's order, then the producer's reductions."""
-        return (*self.sigma, *self.inner)
-
-
-def _unit_row(row: Sequence[int]) -> int | bool | None:
-    """The grid axis an affine index-map row walks with stride 1 (None: constant 0; False: anything else)."""
-    coefs, const = row[:-1], row[-1]
-    nonzero = [a for a, c in enumerate(coefs) if c != 0]
-    if not nonzero:
-        return None if const == 0 else False
-    if len(nonzero) == 1 and coefs[nonzero[0]] == 1 and const == 0:
-        return nonzero[0]
-    return False
-
-
-def _plain(call: CallFacts, who: str) -> None:
-    check(call.library_site is None, f"the {who} is a library kernel")
-    check(call.num_scalar_prefetch == 0, f"the {who} uses scalar prefetch")
-    check(not call.body.has_dma and not call.body.has_semaphore, f"the {who} does manual DMA")
-    check(not call.input_output_aliases, f"the {who} aliases an input to an output")
-    check(not call.dynamic_axes, f"the {who} has a grid extent known only at run time")
-    for o in call.operands:
-        check(o.is_pipelined, f"the {who}'s {o.name} is not a blocked VMEM operand")
-        check(o.index_map.affine is not None, f"the {who}'s {o.name} index map is not affine")
-
-
-def _dataflow(ir: KernelIR, producer: int) -> tuple[int, int]:
-    """(consumer call, its operand) reading the producer's only output, when that output feeds one later call
-    directly and nothing else (no other call, wrapper op or result reads it)."""
-    check(ir.workload is not None, "the kernel module is not loaded")
-    assert ir.workload is not None
-    jaxpr = trace_entry(ir.workload).jaxpr
-    chains = find_pallas_call_chains(jaxpr)
-    check(len(chains[producer]) == 1, "the producer sits inside a jit/custom_vjp: fuse at the top level")
-    p_eqn = chains[producer][0]
-    check(len(p_eqn.outvars) == 1, "the producer has several outputs")
-    out = p_eqn.outvars[0]
-    readers = [e for e in jaxpr.eqns if any(v is out for v in e.invars)]
-    check(all(v is not out for v in jaxpr.outvars), "the producer's output is also a result (it must reach HBM)")
-    check(len(readers) == 1, f"the producer's output is read by {len(readers)} operations, not one pallas_call")
-    consumer = next((i for i, ch in enumerate(chains) if len(ch) == 1 and ch[0] is readers[0]), None)
-    check(consumer is not None, "the producer's output is read by a wrapper op, not a pallas_call")
-    assert consumer is not None
-    uses = [k for k, v in enumerate(readers[0].invars) if v is out]
-    check(len(uses) == 1, "the consumer reads the producer's output twice")
-    return consumer, uses[0]
-
-
-def _pair_axes(
-    rows: Sequence[tuple[Sequence[int], Sequence[int]]], c_grid: Sequence[int], p_grid: Sequence[int]
-) -> dict[int, int]:
-    """Consumer grid axis -> producer grid axis, from the index-map rows of the block they share. An axis with one
-    step traces as a constant row; it pairs with the one row left over on the other side."""
-    sigma: dict[int, int] = {}
-    c_left: list[int] = []
-    p_left: list[int] = []
-    for d, (rc, rp) in enumerate(rows):
-        ac, ap = _unit_row(rc), _unit_row(rp)
-        check(ac is not False and ap is not False, f"block dim {d} is not indexed by one grid axis with stride 1")
-        if isinstance(ac, int) and isinstance(ap, int):
-            check(sigma.get(ac, ap) == ap, f"consumer axis {ac} walks two producer axes")
-            sigma[ac] = ap
-        elif isinstance(ap, int):
-            p_left.append(ap)
-        elif isinstance(ac, int):
-            c_left.append(ac)
-    c_free = [a for a in range(len(c_grid)) if a not in sigma and a not in c_left and c_grid[a] == 1]
-    p_free = [a for a in range(len(p_grid)) if a not in sigma.values() and a not in p_left and p_grid[a] == 1]
-    if len(p_left) == 1 and len(c_free) == 1:
-        sigma[c_free[0]] = p_left.pop()
-    if len(c_left) == 1 and len(p_free) == 1:
-        sigma[c_left.pop()] = p_free[0]
-    check(not p_left and not c_left, "a block dim walks a grid axis in one call only")
-    return sigma
-
-
-def link(ir: KernelIR, producer: int) -> Link:
-    """Check that call `producer` and the call reading its output fuse, and how their grids line up (declines with
-    the reason)."""
-    check(0 <= producer < len(ir.calls) - 1, f"no pallas_call #{producer} followed by another")
-    p = ir.calls[producer]
-    _plain(p, "producer")
-    check(len(p.outputs) == 1, "the producer has several outputs")
-    consumer, operand = _dataflow(ir, producer)
-    c = ir.calls[consumer]
-    _plain(c, "consumer")
-    h, out = c.inputs[operand], p.outputs[0]
-    reblock = h.block_shape != out.block_shape
-    if reblock:
-        why = _not_elementwise(c, operand)
-        check(
-            why is None,
-            f"the consumer reads blocks {h.block_shape} of the producer's {out.block_shape} blocks and {why}: "
-            "tile them alike first",
-        )
-    assert h.index_map.affine is not None and out.index_map.affine is not None
-    sigma = _pair_axes(list(zip(h.index_map.affine, out.index_map.affine, strict=True)), c.grid, p.grid)
-    check(len(sigma) == len(c.grid), "a consumer grid axis does not walk the producer's output")
-    check(len(set(sigma.values())) == len(sigma), "two consumer axes walk one producer axis")
-    for a, b in sigma.items():
-        check(
-            reblock or c.grid[a] == p.grid[b],
-            f"consumer axis {a} has {c.grid[a]} steps, producer axis {b} has {p.grid[b]}",
-        )
-    inner = tuple(a for a in range(len(p.grid)) if a not in sigma.values())
-    return Link(p, c, operand, tuple(sigma[a] for a in range(len(c.grid))), inner, reblock)
-
-
-# Primitives whose result at an element depends only on the operands at that element: a body made of these alone
-# computes the same values whatever block it is given. `get`/`swap` are the ref reads and writes.
-ELEMENTWISE = frozenset(
-    [
-        "abs",
-        "add",
-        "and",
-        "atan2",
-        "broadcast_in_dim",
-        "cbrt",
-        "ceil",
-        "clamp",
-        "convert_element_type",
-        "copy",
-        "cos",
-        "div",
-        "eq",
-        "erf",
-        "erf_inv",
-        "exp",
-        "exp2",
-        "expm1",
-        "floor",
-        "ge",
-        "get",
-        "gt",
-        "integer_pow",
-        "le",
-        "log",
-        "log1p",
-        "logistic",
-        "lt",
-        "max",
-        "min",
-        "mul",
-        "ne",
-        "neg",
-        "not",
-        "or",
-        "pow",
-        "rem",
-        "round",
-        "rsqrt",
-        "select_n",
-        "sign",
-        "sin",
-        "sqrt",
-        "square",
-        "sub",
-        "swap",
-        "tan",
-        "tanh",
-        "xor",
-    ]
-)
-
-
-def _not_elementwise(c: CallFacts, operand: int) -> str | None:
-    """Why consumer `c` cannot run on blocks of another shape (None: it is elementwise and can)."""
-    h = c.inputs[operand]
-    other = sorted(set(c.body.primitives) - ELEMENTWISE)
-    if other:
-        return f"its body is not elementwise ({', '.join(other)})"
-    if c.scratch or c.body.program_id_axes:
-        return "it uses scratch or program_id"
-    for o in c.operands:
-        if (o.shape, o.block_shape, o.index_map.affine) != (h.shape, h.block_shape, h.index_map.affine):
-            return f"its {o.name} is not blocked like the producer's output"
-    return None
-
-
-def _fusable(ir: KernelIR, producer: int) -> bool:
-    try:
-        link(ir, producer)
-    except (PassNotApplicable, KernelError):
-        return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -263,41 +63,93 @@ class FusePass(Pass):
     The consumer's grid order is kept and the producer's reduction axes go innermost, so reductions in the consumer
     (a column max, a row sum) carry their partials in the output block across the fused grid, as they did before.
     An elementwise consumer (its body made of elementwise primitives only, every operand blocked like the
-    intermediate) takes the producer's blocks whatever its own were. Parameter: `producer` (index of the first
-    call). Declines when a non-elementwise consumer reads blocks of another shape (tile them alike first), when the
-    output has another reader or is a result, for several producer outputs, manual DMA, scalar prefetch, aliasing,
-    or kernels it cannot read (functools.partial keywords, `*args`, grid_spec=, a pallas_call built in a factory).
+    intermediate) takes the producer's blocks whatever its own were. Parameters: `producer` (index of the first
+    call); `retile` (first re-tile the consumer with the tile pass so that it reads the producer's blocks, for a
+    consumer that is not elementwise). Declines when a consumer reads blocks of another shape that no tile knob
+    aligns, when the output has another reader or is a result, for several producer outputs, manual DMA, scalar
+    prefetch, aliasing, or kernels it cannot read (functools.partial keywords, `*args`, grid_spec=, a pallas_call
+    built in a factory).
     """
 
     name: ClassVar[str] = "fuse"
     producer: int = 0
+    retile: bool = False
 
     @classmethod
     def choices(cls, ir: KernelIR, chip: Chip) -> tuple[Pass, ...]:
-        return tuple(cls(producer=i) for i in range(len(ir.calls) - 1) if _fusable(ir, i))
+        out: list[Pass] = []
+        for i in range(len(ir.calls) - 1):
+            why = fusable(ir, i)
+            if why is None:
+                out.append(cls(producer=i))
+            elif "tile them alike" in why:
+                out.append(cls(producer=i, retile=True))
+        return tuple(out)
 
     def apply(self, ir: KernelIR) -> KernelIR:
-        lk = link(ir, self.producer)
-        module, pltpu = ensure_pltpu(ir.module)
-        loc = Located.of(module)
-        p_node, c_node = find_call_node(loc, lk.producer), find_call_node(loc, lk.consumer)
-        for node, who in ((p_node, "producer"), (c_node, "consumer")):
-            check(keyword(node, "grid_spec") is None, f"the {who} is written with grid_spec=")
-        p_kernel, c_kernel = kernel_function(loc, p_node), kernel_function(loc, c_node)
-        check(p_kernel is not None and c_kernel is not None, "cannot find both kernel functions")
-        assert p_kernel is not None and c_kernel is not None
-        for node in (p_node, c_node):
-            first = node.args[0].value if node.args else None
-            check(isinstance(first, cst.Name), "a kernel is passed through functools.partial or an expression")
-        edits: dict[cst.CSTNode, cst.CSTNode] = {}
-        fused_name = fresh_name(module_names(module), f"_fused{_suffix(p_kernel)}{_suffix(c_kernel)}")
-        fused = _fused_kernel(lk, p_kernel, c_kernel, fused_name, pl_alias(module))
-        spaced = fused.with_changes(leading_lines=[cst.EmptyLine()] * 2)
-        edits[c_kernel] = cst.FlattenSentinel([c_kernel, spaced])  # type: ignore[assignment]
-        _fused_call(loc, lk, p_node, c_node, fused_name, pltpu, edits)
-        new = ir.with_module(replace_many(loc.wrapper.module, edits), self.spec())
-        _verify(ir, new, lk)
+        base = ir
+        if self.retile:
+            why = fusable(ir, self.producer)
+            check(why is None or "tile them alike" in why, why or "")
+            base = _retiled(ir, self.producer) if why is not None else ir
+        lk = link(base, self.producer)
+        new = ir.with_module(_fuse(base, lk), self.spec())
+        _verify(base, new, lk)
         return new
+
+
+def _retiled(ir: KernelIR, producer: int) -> KernelIR:
+    """The module re-tiled (by the tile pass, which checks each rewrite) so that the consumer reads the producer's
+    output in the producer's blocks: per block dim, the consumer's knob takes the producer's size, or else the
+    producer's knob takes the consumer's (a row-wise consumer of whole rows makes the producer tile whole rows)."""
+    p = ir.calls[producer]
+    consumer, operand = dataflow(ir, producer)
+    h, out = ir.calls[consumer].inputs[operand], p.outputs[0]
+    assert h.index_map.affine is not None and out.index_map.affine is not None
+    knobs = knobs_of(ir)
+    wanted: dict[int, dict[str, int]] = {consumer: {}, producer: {}}
+    for d, (hb, pb) in enumerate(zip(h.block_shape, out.block_shape, strict=True)):
+        if hb == pb or hb is None or pb is None:
+            check(hb == pb, f"block dim {d} is squeezed in one call only")
+            continue
+        options = [(consumer, h.index_map.affine[d], hb, pb)]
+        if hb != h.shape[d]:  # a whole-dim consumer block follows the dims; a producer literal would not
+            options.append((producer, out.index_map.affine[d], pb, hb))
+        for call, row, old, new in options:
+            axis = unit_row(row)
+            found = [k for k in knobs if k.call == call and isinstance(axis, int) and axis in k.axes and k.value == old]
+            if len(found) == 1 and wanted[call].get(found[0].name, new) == new:
+                wanted[call][found[0].name] = new
+                break
+        else:
+            whole = " (the consumer's block spans the whole dim)" if hb == h.shape[d] else ""
+            check(False, f"no tile knob aligns block dim {d}: {hb} in the consumer, {pb} in the producer{whole}")
+    for call, sizes in wanted.items():
+        if sizes:
+            ir = TilePass(call=call, sizes=tuple(sizes.items())).apply(ir)
+    return ir
+
+
+def _fuse(ir: KernelIR, lk: Link) -> cst.Module:
+    """The module with the two linked calls rewritten into one."""
+    module, pltpu = ensure_pltpu(ir.module)
+    loc = Located.of(module)
+    p_node, c_node = find_call_node(loc, lk.producer), find_call_node(loc, lk.consumer)
+    for node, who in ((p_node, "producer"), (c_node, "consumer")):
+        check(keyword(node, "grid_spec") is None, f"the {who} is written with grid_spec=")
+    p_kernel, c_kernel = kernel_function(loc, p_node), kernel_function(loc, c_node)
+    check(p_kernel is not None and c_kernel is not None, "cannot find both kernel functions")
+    assert p_kernel is not None and c_kernel is not None
+    for node in (p_node, c_node):
+        first = node.args[0].value if node.args else None
+        check(isinstance(first, cst.Name), "a kernel is passed through functools.partial or an expression")
+    edits: dict[cst.CSTNode, cst.CSTNode] = {}
+    fused_name = fresh_name(module_names(module), f"_fused{_suffix(p_kernel)}{_suffix(c_kernel)}")
+    fused = _fused_kernel(lk, p_kernel, c_kernel, fused_name, pl_alias(module))
+    spaced = fused.with_changes(leading_lines=[cst.EmptyLine()] * 2)
+    edits[c_kernel] = cst.FlattenSentinel([c_kernel, spaced])  # type: ignore[assignment]
+    _fused_call(loc, lk, p_node, c_node, fused_name, pltpu, edits)
+    return replace_many(loc.wrapper.module, edits)
 
 
 def _suffix(fn: cst.FunctionDef) -> str:
@@ -379,17 +231,6 @@ def _hoist_program_ids(body: cst.IndentedBlock, taken: set[str]) -> tuple[cst.In
     return out, stmts
 
 
-def _portable(expr: cst.CSTNode, names: set[str]) -> bool:
-    return free_names(expr) <= names
-
-
-def _block_text(shape: cst.BaseExpression | None, traced: tuple[int | None, ...], names: set[str]) -> str:
-    """The block shape as the user wrote it when it reads only module-level names, else the traced sizes."""
-    if shape is not None and _portable(shape, names):
-        return code(shape)
-    return code(tuple_expr(["None" if b is None else str(b) for b in traced]))
-
-
 def _spec(
     spec: cst.BaseExpression | None,
     op: Operand,
@@ -411,10 +252,10 @@ def _spec(
             terms.append(str(row[-1]))
         results.append(" + ".join(terms))
     imap = index_map_expr(grid_names, results)
-    block_expr = cst.parse_expression(block or _block_text(shape, op.block_shape, names))
+    block_expr = cst.parse_expression(block or block_text(shape, op.block_shape, names))
     rest = [a for a in spec.args if a.keyword is not None and a.keyword.value not in ("block_shape", "index_map")]
     for a in rest:
-        check(_portable(a.value, names), f"the {op.name} BlockSpec's {a.keyword.value}= reads local names")  # type: ignore[union-attr]
+        check(portable(a.value, names), f"the {op.name} BlockSpec's {a.keyword.value}= reads local names")  # type: ignore[union-attr]
     return spec.with_changes(args=[cst.Arg(block_expr), cst.Arg(imap), *rest])
 
 
@@ -451,7 +292,7 @@ def _fused_call(
     if lk.reblock:  # the consumer's operands take the producer's output block
         p_out_spec = spec_list(loc, p_node, "out_specs")
         shape, _ = blockspec_parts(p_out_spec[0] if len(p_out_spec) == 1 else None)
-        c_block = _block_text(shape, p.outputs[0].block_shape, names)
+        c_block = block_text(shape, p.outputs[0].block_shape, names)
     # Reblocked (elementwise) consumer operands are blocked exactly like the producer's output.
     like = (lambda o: p.outputs[0]) if lk.reblock else (lambda o: o)
     axis_of = p_axis if lk.reblock else c_axis
@@ -467,7 +308,7 @@ def _fused_call(
     scratch = [*_scratch(loc, p_node, p, names), *_scratch(loc, c_node, c, scope_names)]
     out = p.outputs[0]
     p_out_specs = spec_list(loc, p_node, "out_specs")
-    block = _block_text(blockspec_parts(p_out_specs[0])[0] if p_out_specs else None, out.block_shape, names)
+    block = block_text(blockspec_parts(p_out_specs[0])[0] if p_out_specs else None, out.block_shape, names)
     scratch.append(cst.parse_expression(f"{pltpu}.VMEM({block}, {module_alias(module, 'jax.numpy')}.{out.dtype})"))
     out_arg = keyword(c_node, "out_specs")
     assert out_arg is not None
@@ -475,9 +316,9 @@ def _fused_call(
     in_arg = keyword(c_node, "in_specs")
     new_kw: dict[str, cst.BaseExpression] = {
         "grid": grid,
-        "in_specs": _list_like(in_arg.value if in_arg is not None else None, in_specs),
-        "out_specs": out_specs[0] if single_out else _list_like(out_arg.value, out_specs),
-        "scratch_shapes": _list_like(None, scratch),
+        "in_specs": list_like(in_arg.value if in_arg is not None else None, in_specs),
+        "out_specs": out_specs[0] if single_out else list_like(out_arg.value, out_specs),
+        "scratch_shapes": list_like(None, scratch),
     }
     args = [cst.Arg(cst.Name(kernel), comma=c_node.args[0].comma)]
     for a in c_node.args[1:]:
@@ -496,23 +337,6 @@ def _fused_call(
     else:
         edits[c_site.apply] = applied
         edits[c_node] = new_call
-
-
-def _list_like(like: cst.BaseExpression | None, items: Sequence[cst.BaseExpression]) -> cst.List:
-    """A list of `items`, one per line when `like` (the list it replaces) was written one element per line."""
-    if isinstance(like, cst.List | cst.Tuple) and like.elements:
-        first = like.elements[0].comma
-        if isinstance(first, cst.Comma) and "\n" in code(first):
-            sep = first
-        else:
-            sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-        last = like.elements[-1].comma
-        elems = [cst.Element(v, comma=sep) for v in items[:-1]]
-        elems.append(cst.Element(items[-1], comma=last if isinstance(last, cst.Comma) else cst.MaybeSentinel.DEFAULT))
-        lbracket = like.lbracket if isinstance(like, cst.List) else cst.LeftSquareBracket()
-        rbracket = like.rbracket if isinstance(like, cst.List) else cst.RightSquareBracket()
-        return cst.List(elems, lbracket=lbracket, rbracket=rbracket)
-    return cst.List([cst.Element(v) for v in items])
 
 
 def _operands_in_consumer_scope(
@@ -615,12 +439,12 @@ def _extent(
         assert op.index_map.affine is not None
         for d, row in enumerate(op.index_map.affine):
             size = op.block_shape[d]
-            if _unit_row(row) != axis or size is None:
+            if unit_row(row) != axis or size is None:
                 continue
             check(-(-op.shape[d] // size) == p.grid[axis], f"the producer's axis {axis} does not cover input {i}")
             shape, _ = blockspec_parts(p_specs[i])
             written = shape.elements[d].value if isinstance(shape, cst.Tuple | cst.List) else None
-            text = code(written) if written is not None and _portable(written, names) else str(size)
+            text = code(written) if written is not None and portable(written, names) else str(size)
             return cst.parse_expression(f"{pl_alias(loc.wrapper.module)}.cdiv({code(p_ops[i])}.shape[{d}], {text})")
     check(False, f"no producer input walks its grid axis {axis}")
     raise AssertionError
@@ -636,7 +460,7 @@ def _scratch(loc: Located, node: cst.Call, call: CallFacts, names: set[str]) -> 
     items = [e.value for e in value.elements]
     check(len(items) == len(call.scratch), "scratch_shapes does not list every scratch buffer")
     for s in items:
-        check(_portable(s, names), f"the scratch {code(s)} reads names local to its function")
+        check(portable(s, names), f"the scratch {code(s)} reads names local to its function")
     return items
 
 

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 BLOCK = 128
+ROWS = 128  # the column max reads (ROWS, BLOCK) blocks
 
 
 def _matmul_kernel(x_ref, w_ref, o_ref):
@@ -45,8 +46,8 @@ def matmul_colmax(x, w):
     M, N = h.shape
     return pl.pallas_call(
         _colmax_kernel,
-        grid=(N // BLOCK, M // BLOCK),
-        in_specs=[pl.BlockSpec((BLOCK, BLOCK), lambda j, i: (i, j))],
+        grid=(N // BLOCK, M // ROWS),
+        in_specs=[pl.BlockSpec((ROWS, BLOCK), lambda j, i: (i, j))],
         out_specs=pl.BlockSpec((1, BLOCK), lambda j, i: (0, j)),
         out_shape=jax.ShapeDtypeStruct((1, N), jnp.float32),
     )(h)
@@ -56,7 +57,7 @@ def reference(x, w):
     return jnp.max(x @ w, axis=0, keepdims=True)
 
 
-def make_inputs(key, M=256, K=256, N=256):
+def make_inputs(key, M=512, K=256, N=256):
     kx, kw = jax.random.split(key)
     return jax.random.normal(kx, (M, K), jnp.float32), jax.random.normal(kw, (K, N), jnp.float32) / K**0.5
 
