@@ -482,3 +482,17 @@ def bound_names(node: cst.CSTNode) -> set[str]:
         assert isinstance(fn, cst.FunctionDef)
         out.add(fn.name.value)
     return out
+
+
+def affine_results(rows: Sequence[Sequence[int]], grid_names: Sequence[str], axis_of: Mapping[int, int]) -> list[str]:
+    """Source text of an affine index map's results: row `(c0, c1, ..., const)` over old grid axes, written over
+    `grid_names` with old axis a at new position `axis_of[a]` (e.g. `["g1", "2 * g0 + 1"]`)."""
+    out = []
+    for row in rows:
+        terms = [
+            f"{c} * {grid_names[axis_of[a]]}" if c != 1 else grid_names[axis_of[a]] for a, c in enumerate(row[:-1]) if c
+        ]
+        if row[-1] or not terms:
+            terms.append(str(row[-1]))
+        out.append(" + ".join(terms))
+    return out

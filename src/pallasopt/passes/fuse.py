@@ -11,7 +11,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
-from ..errors import check
+from ..errors import KernelError, PassNotApplicable, check
 from ..ir.cst_edit import block_text, ensure_pltpu, list_like, portable, replace_many, set_keyword
 from ..ir.facts import CallFacts, Operand
 from ..ir.fusion import Link, dataflow, fusable, link, unit_row
@@ -19,6 +19,7 @@ from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     PROGRAM_ID,
     Located,
+    affine_results,
     blockspec_parts,
     bound_names,
     call_site,
@@ -93,7 +94,10 @@ class FusePass(Pass):
             check(why is None or "tile them alike" in why, why or "")
             base = _retiled(ir, self.producer) if why is not None else ir
         lk = link(base, self.producer)
-        new = ir.with_module(_fuse(base, lk), self.spec())
+        try:
+            new = ir.with_module(_fuse(base, lk), self.spec())
+        except KernelError as e:  # a rewrite this pass got wrong: decline with why, the search goes on
+            raise PassNotApplicable(f"the fused module does not trace: {e.message}") from None
         _verify(base, new, lk)
         return new
 
@@ -243,15 +247,7 @@ def _spec(
     check(is_blockspec(spec), f"the {op.name} spec is not a BlockSpec(...)")
     assert isinstance(spec, cst.Call) and op.index_map.affine is not None
     shape, _ = blockspec_parts(spec)
-    results = []
-    for row in op.index_map.affine:
-        terms = [
-            f"{c} * {grid_names[axis_of[a]]}" if c != 1 else grid_names[axis_of[a]] for a, c in enumerate(row[:-1]) if c
-        ]
-        if row[-1] or not terms:
-            terms.append(str(row[-1]))
-        results.append(" + ".join(terms))
-    imap = index_map_expr(grid_names, results)
+    imap = index_map_expr(grid_names, affine_results(op.index_map.affine, grid_names, axis_of))
     block_expr = cst.parse_expression(block or block_text(shape, op.block_shape, names))
     rest = [a for a in spec.args if a.keyword is not None and a.keyword.value not in ("block_shape", "index_map")]
     for a in rest:
@@ -308,7 +304,10 @@ def _fused_call(
     scratch = [*_scratch(loc, p_node, p, names), *_scratch(loc, c_node, c, scope_names)]
     out = p.outputs[0]
     p_out_specs = spec_list(loc, p_node, "out_specs")
-    block = block_text(blockspec_parts(p_out_specs[0])[0] if p_out_specs else None, out.block_shape, names)
+    if None in out.block_shape:  # squeezed dims: the kernel sees the block without them, and so is the scratch
+        block = code(tuple_expr([str(b) for b in out.block_shape if b is not None]))
+    else:
+        block = block_text(blockspec_parts(p_out_specs[0])[0] if p_out_specs else None, out.block_shape, names)
     scratch.append(cst.parse_expression(f"{pltpu}.VMEM({block}, {module_alias(module, 'jax.numpy')}.{out.dtype})"))
     out_arg = keyword(c_node, "out_specs")
     assert out_arg is not None

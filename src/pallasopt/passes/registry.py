@@ -13,6 +13,7 @@ from .dimension_semantics import DimensionSemanticsPass
 from .dma_overlap import DmaOverlapPass
 from .fuse import FusePass
 from .grid_order import GridOrderPass
+from .layout import LayoutPass
 from .llm_rewrite import LLMRewritePass
 from .single_buffer import SingleBufferPass
 from .tile import TilePass
@@ -27,6 +28,7 @@ PASSES: tuple[type[Pass], ...] = (
     AccumulateInScratchPass,
     DmaOverlapPass,
     FusePass,
+    LayoutPass,
     CostEstimatePass,
     LLMRewritePass,
 )
