@@ -11,7 +11,9 @@ from .base import Pass
 from .cost_estimate import CostEstimatePass
 from .dimension_semantics import DimensionSemanticsPass
 from .dma_overlap import DmaOverlapPass
+from .fuse import FusePass
 from .grid_order import GridOrderPass
+from .layout import LayoutPass
 from .llm_rewrite import LLMRewritePass
 from .single_buffer import SingleBufferPass
 from .tile import TilePass
@@ -25,6 +27,8 @@ PASSES: tuple[type[Pass], ...] = (
     GridOrderPass,
     AccumulateInScratchPass,
     DmaOverlapPass,
+    FusePass,
+    LayoutPass,
     CostEstimatePass,
     LLMRewritePass,
 )

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from ..cost_model.hardware import Chip
 from ..cost_model.roofline import estimate_calls
+from ..cost_model.wrapper import wrapper_cost
 from ..ir.kernel_ir import KernelIR
 
 TIER_LABEL = {
@@ -71,9 +72,12 @@ class Evaluator(Protocol):
 
 def model_tier(ir: KernelIR, chip: Chip) -> TierResult:
     est = estimate_calls(ir.calls, chip)
+    wrapper_s = wrapper_cost(ir).seconds(chip)  # the wrapper's transposes/pads: HBM traffic the calls do not see
+    data = {**est.to_dict(), "wrapper_s": wrapper_s}
     if not est.ok:
-        return TierResult("model", False, est.time_s, "; ".join(est.problems), est.to_dict())
-    return TierResult("model", True, est.time_s, f"{est.calls[0].bound}-bound" if est.calls else "", est.to_dict())
+        return TierResult("model", False, est.time_s + wrapper_s, "; ".join(est.problems), data)
+    bound = f"{est.calls[0].bound}-bound" if est.calls else ""
+    return TierResult("model", True, est.time_s + wrapper_s, bound, data)
 
 
 def reduce_dims_for_compile(ir: KernelIR, max_steps: int = 256) -> tuple[dict[str, int], float]:
@@ -181,7 +185,7 @@ class Tiers:
         if not rep.ok:
             return TierResult("compiler", False, None, f"{rep.error_kind}: {rep.error}", data)
         model = estimate_calls(ir.calls, self.chip)
-        hbm_floor = sum(c.dma_s + c.edge_s for c in model.calls)
+        hbm_floor = sum(c.dma_s + c.edge_s for c in model.calls) + wrapper_cost(ir).seconds(self.chip)
         static = rep.estimated_s if rep.estimated_s is not None else math.nan
         if math.isnan(static):
             why = rep.note or "no static estimate for this kernel"

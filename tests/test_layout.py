@@ -1,0 +1,71 @@
+"""layout (pre-transposed operands) and the cost model's charge for the wrapper ops it adds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallasopt.cost_model.hardware import get_chip
+from pallasopt.cost_model.wrapper import wrapper_cost, wrapper_cost_of_jaxpr
+from pallasopt.errors import PassNotApplicable
+from pallasopt.harness.check import check_many
+from pallasopt.ir.kernel_ir import KernelIR
+from pallasopt.passes.layout import LayoutPass
+from pallasopt.search.tiers import model_tier
+
+PATH = Path(__file__).parent / "kernels" / "layout" / "nt_matmul.py"
+V5E = get_chip("v5e")
+
+
+@pytest.fixture(scope="module")
+def ir() -> KernelIR:
+    return KernelIR.from_file(PATH)
+
+
+def test_pre_transposes_the_weight(ir: KernelIR) -> None:
+    assert LayoutPass.choices(ir, V5E) == (LayoutPass(call=0, operand=1),)  # x and the bias are read plainly
+    new = LayoutPass(call=0, operand=1).apply(ir)
+    w = new.calls[0].inputs[1]
+    assert (w.shape, w.block_shape) == ((256, 256), (128, 128))
+    assert w.index_map.depends_on == ((2,), (1,))  # (k, j): the rows walk K now
+    src = new.source
+    assert "jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)" in src
+    assert "pl.BlockSpec((BK, BN), lambda i, j, k: (k, j))," in src
+    assert ")(x, w.T, b.reshape(1, N))" in src
+
+
+@pytest.mark.parametrize(("operand", "why"), [(0, "other than as x_ref"), (2, "not a 2-D blocked input|other than")])
+def test_declines_plain_reads(ir: KernelIR, operand: int, why: str) -> None:
+    with pytest.raises(PassNotApplicable, match=why):
+        LayoutPass(call=0, operand=operand).apply(ir)
+
+
+def test_the_model_charges_the_wrapper_transpose(ir: KernelIR) -> None:
+    new = LayoutPass(call=0, operand=1).apply(ir)
+    assert wrapper_cost(ir).bytes == 0  # b.reshape(1, N) keeps the minor dim: no copy
+    cost = wrapper_cost(new)
+    assert cost.ops == ("transpose",) and cost.bytes == 2 * 256 * 256 * 4  # read w, write w.T
+    before, after = model_tier(ir, V5E), model_tier(new, V5E)
+    assert after.data["wrapper_s"] == pytest.approx(cost.bytes / V5E.device_hbm_bw_bytes_s)
+    assert after.time_s == pytest.approx(sum(c["time_s"] for c in after.data["calls"]) + after.data["wrapper_s"])
+    assert before.data["wrapper_s"] == 0
+
+
+def test_wrapper_cost_counts_moves_only() -> None:
+    def f(x):
+        y = jnp.pad(x, ((0, 0), (0, 64))).reshape(32, 48)  # pad copies; this reshape moves the minor dim
+        return jnp.exp(y.reshape(16, 2, 48))  # keeps the minor dim: free; exp is math, not counted here
+
+    cost = wrapper_cost_of_jaxpr(jax.make_jaxpr(f)(jnp.ones((16, 32), jnp.float32)).jaxpr)
+    assert cost.ops == ("pad", "reshape")
+    assert cost.bytes == (16 * 32 * 4 + 4 + 16 * 96 * 4) + 2 * 16 * 96 * 4  # pad reads x and its scalar
+
+
+@pytest.mark.slow
+def test_every_choice_matches_the_reference(ir: KernelIR) -> None:
+    sources = [c.apply(ir).source for c in LayoutPass.choices(ir, V5E)]
+    results = check_many(sources, str(PATH))
+    assert sources and all(r.ok for r in results), [r.message for r in results]
