@@ -14,6 +14,7 @@ from .dma_overlap import DmaOverlapPass
 from .grid_order import GridOrderPass
 from .llm_rewrite import LLMRewritePass
 from .single_buffer import SingleBufferPass
+from .skip_masked_blocks import SkipMaskedBlocksPass
 from .tile import TilePass
 from .vmem_limit import VmemLimitPass
 
@@ -25,6 +26,7 @@ PASSES: tuple[type[Pass], ...] = (
     GridOrderPass,
     AccumulateInScratchPass,
     DmaOverlapPass,
+    SkipMaskedBlocksPass,
     CostEstimatePass,
     LLMRewritePass,
 )
