@@ -43,8 +43,8 @@ def test_apply_replay_and_errors(tmp_path: Path) -> None:
     out = tmp_path / "ew.tiled.py"
     r = pallasopt("apply", str(ELEMENTWISE), "-p", "dimension-semantics", "-o", str(out))
     assert r.returncode == 0, r.stderr
-    r = pallasopt("apply", str(ELEMENTWISE), "-p", "fuse")
-    assert r.returncode == 2 and "unknown pass 'fuse'" in r.stderr and r.stderr.count("\n") == 1
+    r = pallasopt("apply", str(ELEMENTWISE), "-p", "unroll")
+    assert r.returncode == 2 and "unknown pass 'unroll'" in r.stderr and r.stderr.count("\n") == 1
     r = pallasopt("replay", str(ELEMENTWISE), "nope{", "-o", str(tmp_path / "r.py"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1
 

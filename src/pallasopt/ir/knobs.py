@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ..workload import load_source
-from .cst_edit import Located, Pos, replace_integers
+from .cst_edit import replace_integers
 from .facts import CallFacts
+from .matchers import Located, Pos, find_call_node, is_blockspec, spec_list
 from .trace import trace_calls
 
 PROTECTED_FUNCTIONS = ("reference", "make_inputs", "hand_tuned")
@@ -307,46 +308,8 @@ def _unique_names(knobs: list[Knob]) -> tuple[Knob, ...]:
 # instead, map each literal to (operand, dim) -> grid axis, and verify the tied group by one joint re-trace.
 
 
-def _is_blockspec(node: cst.CSTNode | None) -> bool:
-    if not isinstance(node, cst.Call):
-        return False
-    f = node.func
-    return (isinstance(f, cst.Attribute) and f.attr.value == "BlockSpec") or (
-        isinstance(f, cst.Name) and f.value == "BlockSpec"
-    )
-
-
-def _resolve(loc: Located, at: cst.CSTNode, expr: cst.BaseExpression | None) -> cst.BaseExpression | None:
-    from .cst_edit import resolve_local
-
-    seen = 0
-    while isinstance(expr, cst.Name) and seen < 5:
-        expr = resolve_local(loc, at, expr.value)
-        seen += 1
-    return expr
-
-
-def _spec_list(loc: Located, call: cst.Call, key: str) -> list[cst.BaseExpression | None]:
-    from .cst_edit import keyword
-
-    holder: cst.Call = call
-    arg = keyword(call, key)
-    if arg is None:
-        gs = keyword(call, "grid_spec")
-        gs_val = _resolve(loc, call, gs.value) if gs is not None else None
-        if isinstance(gs_val, cst.Call):
-            holder = gs_val
-            arg = keyword(gs_val, key)
-    if arg is None:
-        return []
-    val = _resolve(loc, holder, arg.value)
-    if isinstance(val, cst.List | cst.Tuple) and key != "grid":
-        return [_resolve(loc, holder, e.value) for e in val.elements]
-    return [val]
-
-
 def _block_tuple(spec: cst.BaseExpression | None) -> list[cst.BaseExpression] | None:
-    if not _is_blockspec(spec) or spec is None:
+    if not is_blockspec(spec) or spec is None:
         return None
     assert isinstance(spec, cst.Call)
     shape: cst.BaseExpression | None = None
@@ -362,14 +325,12 @@ def _block_tuple(spec: cst.BaseExpression | None) -> list[cst.BaseExpression] | 
 
 def structural_sites(module: cst.Module, call: CallFacts) -> dict[int, list[tuple[Pos, int, str]]]:
     """Literal sites per grid axis of one call: {axis: [(pos, value, kind)]}, kind "block" or "extent"."""
-    from .cst_edit import find_call_node
-
     loc = Located.of(module)
     try:
         node = find_call_node(loc, call)
     except Exception:
         return {}
-    specs = _spec_list(loc, node, "in_specs") + _spec_list(loc, node, "out_specs")
+    specs = spec_list(loc, node, "in_specs") + spec_list(loc, node, "out_specs")
     pipelined = [i for i, o in enumerate(call.operands)]
     out: dict[int, list[tuple[Pos, int, str]]] = {}
     if len(specs) == len(pipelined) - call.num_scalar_prefetch or len(specs) == len(call.operands):
@@ -382,7 +343,7 @@ def structural_sites(module: cst.Module, call: CallFacts) -> dict[int, list[tupl
                 axis = grid_axis_of(call, i, d)
                 if axis is not None and isinstance(e, cst.Integer) and int(e.evaluated_value) == op.block_shape[d]:
                     out.setdefault(axis, []).append((loc.start(e), int(e.evaluated_value), "block"))
-    grid = _spec_list(loc, node, "grid")
+    grid = spec_list(loc, node, "grid")
     if grid and isinstance(grid[0], cst.Tuple):
         for g, el in enumerate(grid[0].elements):
             if g >= len(call.grid):

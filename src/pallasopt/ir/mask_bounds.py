@@ -19,11 +19,9 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from .matchers import code
+
 Term = tuple[int, str]  # (sign, source text)
-
-
-def code(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node)
 
 
 def _atom(text: str) -> str:

@@ -10,11 +10,23 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import PassNotApplicable, check
-from ..ir.cst_edit import Located, ensure_pltpu, find_call_node, kernel_function, keyword, replace_many, spec_nodes
+from ..ir.cst_edit import ensure_pltpu, replace_many, set_keyword
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
+from ..ir.matchers import (
+    Located,
+    find_call_node,
+    fresh_name,
+    grid_spec_keyword,
+    jnp_alias,
+    kernel_function,
+    keyword,
+    pl_alias,
+    rename_names,
+    spec_nodes,
+    used_names,
+)
 from .base import Pass
-from .single_buffer import _pl_alias
 
 FLOAT_OUTPUTS = ("float32", "bfloat16", "float16")
 
@@ -29,17 +41,6 @@ def accumulating_outputs(call: CallFacts) -> tuple[int, ...]:
         for o in call.outputs
         if o.is_pipelined and o.dtype in FLOAT_OUTPUTS and red[0] not in o.index_map.axes
     )
-
-
-def _jnp_alias(module: cst.Module) -> str | None:
-    for stmt in module.body:
-        if isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                if isinstance(small, cst.Import):
-                    for a in small.names:
-                        if cst.Module([]).code_for_node(a.name) == "jax.numpy":
-                            return a.asname.name.value if a.asname else "jax.numpy"  # type: ignore[union-attr]
-    return None
 
 
 @dataclass(frozen=True)
@@ -72,10 +73,10 @@ class AccumulateInScratchPass(Pass):
         )
         (axis,) = facts.revisited_axes()
         out_op = facts.outputs[self.output]
-        jnp = _jnp_alias(ir.module)
+        jnp = jnp_alias(ir.module)
         check(jnp is not None, "the module does not import jax.numpy")
         module, pltpu = ensure_pltpu(ir.module)
-        pl = _pl_alias(module)
+        pl = pl_alias(module)
         loc = Located.of(module)
         node = find_call_node(loc, facts)
         kernel = kernel_function(loc, node)
@@ -93,10 +94,7 @@ class AccumulateInScratchPass(Pass):
             _reads_ref(kernel, out_param),
             f"the kernel only writes {out_param} (it already accumulates elsewhere, e.g. in a scratch)",
         )
-        used = {n.value for n in m.findall(kernel, m.Name()) if isinstance(n, cst.Name)}
-        acc = "acc_ref"
-        while acc in used:
-            acc = "_" + acc
+        acc = fresh_name(used_names(kernel), "acc_ref")
         specs = spec_nodes(loc, node)
         offset = len(specs) - len(facts.outputs) + self.output
         spec = specs[offset] if 0 <= offset < len(specs) else None
@@ -158,11 +156,7 @@ def _reads_ref(kernel: cst.FunctionDef, ref: str) -> bool:
 
 
 def _rewrite_kernel(kernel: cst.FunctionDef, out: str, acc: str, axis: int, pl: str) -> cst.FunctionDef:
-    class Rename(cst.CSTTransformer):
-        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
-            return updated.with_changes(value=acc) if original.value == out else updated
-
-    body = kernel.body.visit(Rename())
+    body = rename_names(kernel.body, {out: acc})
     assert isinstance(body, cst.IndentedBlock)
     store = cst.parse_statement(
         f"@{pl}.when({pl}.program_id({axis}) == {pl}.num_programs({axis}) - 1)\n"
@@ -186,8 +180,6 @@ def _rewrite_kernel(kernel: cst.FunctionDef, out: str, acc: str, axis: int, pl: 
 def _add_scratch(
     loc: Located, call: cst.Call, scratch: cst.BaseExpression, edits: dict[cst.CSTNode, cst.CSTNode]
 ) -> None:
-    from ..ir.cst_edit import grid_spec_keyword, set_keyword
-
     holder, arg = grid_spec_keyword(loc, call, "scratch_shapes")
     check(
         holder is not call or keyword(call, "grid_spec") is None,

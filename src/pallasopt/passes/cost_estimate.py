@@ -10,10 +10,10 @@ import libcst as cst
 from ..cost_model.hardware import Chip, get_chip
 from ..cost_model.roofline import estimate_call
 from ..errors import check
-from ..ir.cst_edit import Located, find_call_node, keyword, replace_node, set_keyword
+from ..ir.cst_edit import replace_node, set_keyword
 from ..ir.kernel_ir import KernelIR
+from ..ir.matchers import Located, find_call_node, keyword, pl_alias
 from .base import Pass
-from .single_buffer import _pl_alias
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class CostEstimatePass(Pass):
         est = estimate_call(facts, get_chip("v5e"))  # bytes follow the fetch pattern, which is chip-independent
         flops = facts.flops + facts.body.vpu_elems * facts.steps
         text = (
-            f"{_pl_alias(ir.module)}.CostEstimate(flops={flops}, "
+            f"{pl_alias(ir.module)}.CostEstimate(flops={flops}, "
             f"transcendentals={facts.body.transcendental_elems * facts.steps}, bytes_accessed={est.bytes})"
         )
         new = replace_node(loc.wrapper.module, node, set_keyword(node, "cost_estimate", cst.parse_expression(text)))

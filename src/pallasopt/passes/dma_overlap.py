@@ -10,11 +10,11 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import check
-from ..ir.cst_edit import Located, find_call_node, grid_spec_keyword, kernel_function, replace_many
+from ..ir.cst_edit import replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
+from ..ir.matchers import Located, find_call_node, grid_spec_keyword, kernel_function, pl_alias, rename_names
 from .base import Pass
-from .single_buffer import _pl_alias
 
 
 def _is_call_to(node: cst.CSTNode, name: str) -> bool:
@@ -126,7 +126,7 @@ class DmaOverlapPass(Pass):
         assert step is not None
         src_names = {n.value for n in m.findall(site.src, m.Name()) if isinstance(n, cst.Name)}
         check(step in src_names, "the copy's source does not depend on the grid step")
-        pl = _pl_alias(ir.module)
+        pl = pl_alias(ir.module)
         edits: dict[cst.CSTNode, cst.CSTNode] = {}
         edits[kernel] = _rewrite_kernel(kernel, site, step, axis, pl)
         _double_scratch(loc, node, facts, kernel, site, edits)
@@ -139,14 +139,7 @@ def _rewrite_kernel(kernel: cst.FunctionDef, site: _Site, step: str, axis: int, 
     slot = f"_{site.var}_slot"
     current = f"_{site.var}_buf"
 
-    class Rename(cst.CSTTransformer):
-        def __init__(self, old: str, new: str) -> None:
-            self.old, self.new = old, new
-
-        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
-            return updated.with_changes(value=self.new) if original.value == self.old else updated
-
-    src_for_step = copy_call.visit(Rename(step, "step"))
+    src_for_step = rename_names(copy_call, {step: "step"})
     assert isinstance(src_for_step, cst.BaseExpression)
     make = _make_async_copy_func(kernel, site)
     helper_def = cst.parse_statement(
@@ -168,7 +161,7 @@ def _rewrite_kernel(kernel: cst.FunctionDef, site: _Site, step: str, axis: int, 
         cst.parse_statement(f"{current} = {site.dst}.at[{slot}]\n"),
     ]
     body = list(kernel.body.body)
-    rest = [s.visit(Rename(site.dst, current)) for s in body[site.index + 3 :]]
+    rest = [rename_names(s, {site.dst: current}) for s in body[site.index + 3 :]]
     new_body = body[: site.index] + new_stmts + rest  # type: ignore[operator]
     return kernel.with_changes(body=kernel.body.with_changes(body=new_body))
 

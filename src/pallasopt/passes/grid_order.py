@@ -12,19 +12,18 @@ import libcst.matchers as m
 from ..cost_model.hardware import Chip
 from ..cost_model.roofline import estimate_call
 from ..errors import check
-from ..ir.cst_edit import (
+from ..ir.cst_edit import compiler_params_call, replace_many, set_keyword, shared_compiler_params, with_replaced
+from ..ir.facts import CallFacts
+from ..ir.kernel_ir import KernelIR
+from ..ir.matchers import (
     Located,
     find_call_node,
     grid_spec_keyword,
     kernel_function,
     keyword,
-    replace_many,
     resolve_local,
-    set_keyword,
     spec_nodes,
 )
-from ..ir.facts import CallFacts
-from ..ir.kernel_ir import KernelIR
 from ..ir.pipelining import order_keeps_outputs_consecutive
 from .base import Pass
 
@@ -168,14 +167,12 @@ def _permute_semantics(
     loc: Located, call: cst.Call, facts: CallFacts, perm: tuple[int, ...], edits: dict[cst.CSTNode, cst.CSTNode]
 ) -> None:
     """Write the traced semantics in the new order (in place, or `.replace(...)` on a shared CompilerParams)."""
-    from ..ir.cst_edit import _compiler_params_call, shared_compiler_params, with_replaced
-
     if facts.dimension_semantics is None:
         return
     check(len(facts.dimension_semantics) == len(perm), "dimension_semantics length differs from the grid")
     wanted = [facts.dimension_semantics[a] for a in perm]
     value = cst.parse_expression("(" + ", ".join(f'"{s}"' for s in wanted) + ("," if len(wanted) == 1 else "") + ")")
-    params, _present = _compiler_params_call(loc, call)
+    params, _present = compiler_params_call(loc, call)
     if params is not None:
         arg = keyword(params, "dimension_semantics")
         if arg is not None and isinstance(arg.value, cst.Tuple | cst.List):

@@ -11,6 +11,7 @@ from .base import Pass
 from .cost_estimate import CostEstimatePass
 from .dimension_semantics import DimensionSemanticsPass
 from .dma_overlap import DmaOverlapPass
+from .fuse import FusePass
 from .grid_order import GridOrderPass
 from .llm_rewrite import LLMRewritePass
 from .single_buffer import SingleBufferPass
@@ -27,6 +28,7 @@ PASSES: tuple[type[Pass], ...] = (
     AccumulateInScratchPass,
     DmaOverlapPass,
     SkipMaskedBlocksPass,
+    FusePass,
     CostEstimatePass,
     LLMRewritePass,
 )

@@ -9,9 +9,10 @@ import libcst as cst
 
 from ..cost_model.hardware import Chip
 from ..errors import check
-from ..ir.cst_edit import Located, find_call_node, replace_node, set_keyword, spec_nodes
+from ..ir.cst_edit import replace_node, set_keyword
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
+from ..ir.matchers import Located, find_call_node, pl_alias, spec_nodes
 from .base import Pass
 
 
@@ -27,22 +28,6 @@ def constant_operands(call: CallFacts) -> tuple[int, ...]:
         and (o.buffer_count or 2) > 1
         and call.steps > 1
     )
-
-
-def _pl_alias(module: cst.Module) -> str:
-    for stmt in module.body:
-        if isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                if (
-                    isinstance(small, cst.ImportFrom)
-                    and not isinstance(small.names, cst.ImportStar)
-                    and small.module
-                    and cst.Module([]).code_for_node(small.module) == "jax.experimental"
-                ):
-                    for a in small.names:
-                        if cst.Module([]).code_for_node(a.name) == "pallas":
-                            return a.asname.name.value if a.asname else "pallas"  # type: ignore[union-attr]
-    return "pl"
 
 
 @dataclass(frozen=True)
@@ -83,6 +68,6 @@ class SingleBufferPass(Pass):
             all(i in constant_operands(facts) for i in sharing),
             "the BlockSpec is shared with operands whose blocks move",
         )
-        value = cst.parse_expression(f"{_pl_alias(ir.module)}.Buffered(1)")
+        value = cst.parse_expression(f"{pl_alias(ir.module)}.Buffered(1)")
         module = replace_node(loc.wrapper.module, spec, set_keyword(spec, "pipeline_mode", value))
         return ir.with_module(module, self.spec())

@@ -10,10 +10,20 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import check
-from ..ir.cst_edit import Located, find_call_node, kernel_function, keyword, replace_many, spec_nodes
+from ..ir.cst_edit import replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
-from ..ir.mask_bounds import Mask, Reader, bound_on_axis, code, needed_text, static_value
+from ..ir.mask_bounds import Mask, Reader, bound_on_axis, needed_text, static_value
+from ..ir.matchers import (
+    Located,
+    blockspec_parts,
+    code,
+    find_call_node,
+    jnp_alias,
+    kernel_function,
+    pl_alias,
+    spec_nodes,
+)
 from .base import Pass
 
 
@@ -21,29 +31,6 @@ def _is_call(node: cst.BaseExpression, name: str) -> bool:
     return isinstance(node, cst.Call) and (
         m.matches(node.func, m.Attribute(attr=m.Name(name))) or m.matches(node.func, m.Name(name))
     )
-
-
-def _module_alias(module: cst.Module, dotted: str, default: str) -> str:
-    """The name the module binds `dotted` (e.g. `jax.numpy`) to, under `import a.b as x` or `from a import b`."""
-    head, _, last = dotted.rpartition(".")
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if isinstance(small, cst.Import):
-                for a in small.names:
-                    if code(a.name) == dotted:
-                        return a.asname.name.value if a.asname else dotted  # type: ignore[union-attr]
-            if (
-                isinstance(small, cst.ImportFrom)
-                and small.module
-                and not isinstance(small.names, cst.ImportStar)
-                and code(small.module) == head
-            ):
-                for a in small.names:
-                    if code(a.name) == last:
-                        return a.asname.name.value if a.asname else last  # type: ignore[union-attr]
-    return default
 
 
 def candidate(call: CallFacts) -> bool:
@@ -110,11 +97,12 @@ class SkipMaskedBlocksPass(Pass):
         assert kernel is not None
         namespace = vars(ir.workload.module) if ir.workload is not None else {}
         a = _analyse(kernel, facts, namespace)
-        pl = _module_alias(ir.module, "jax.experimental.pallas", "pl")
+        pl = pl_alias(ir.module)
         edits: dict[cst.CSTNode, cst.CSTNode] = {kernel: _wrap(a, pl)}
         if self.clamp:
-            jnp = _module_alias(ir.module, "jax.numpy", "")
-            check(bool(jnp), "the module does not import jax.numpy (the clamped index maps need jnp.minimum)")
+            jnp = jnp_alias(ir.module)
+            check(jnp is not None, "the module does not import jax.numpy (the clamped index maps need jnp.minimum)")
+            assert jnp is not None
             _clamp_index_maps(loc, node, facts, a, namespace, pl, jnp, edits)
         return ir.with_module(replace_many(loc.wrapper.module, edits), self.spec())
 
@@ -313,9 +301,7 @@ def _clamp_index_maps(
         if id(spec) in done:
             continue
         done.add(id(spec))
-        positional = [x for x in spec.args if x.keyword is None]
-        arg = keyword(spec, "index_map") or (positional[1] if len(positional) > 1 else None)
-        lam = arg.value if arg is not None else None
+        _shape, lam = blockspec_parts(spec)
         check(isinstance(lam, cst.Lambda), f"input {op.position}'s index map is not a lambda")
         assert isinstance(lam, cst.Lambda)
         check(

@@ -1,0 +1,484 @@
+"""Read-only libcst helpers every pass may use: find a pallas_call and its parts, look up import aliases, rename
+names in a body, build tuple and index-map expressions.
+
+This module is the bottom of the CST layer: it imports nothing else from `ir/` but `facts`, and `cst_edit.py` (the
+editing helpers) and `knobs.py` build on it. A helper that more than one pass needs lives here or in `cst_edit.py`,
+never as a private name one pass imports from another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
+
+from ..errors import check
+from .facts import CallFacts
+
+N = TypeVar("N", bound=cst.CSTNode)
+Pos = tuple[int, int]  # (line, column) of a node's start, 1-based line, 0-based column
+
+PALLAS = "jax.experimental.pallas"
+PALLAS_TPU = "jax.experimental.pallas.tpu"
+JAX_NUMPY = "jax.numpy"
+
+
+def code(node: cst.CSTNode) -> str:
+    """The source text of one node."""
+    return cst.Module([]).code_for_node(node)
+
+
+@dataclass(frozen=True)
+class Located:
+    """A module wrapped with position and parent metadata, resolved once per edit."""
+
+    wrapper: MetadataWrapper
+    positions: Mapping[cst.CSTNode, object]
+    parents: Mapping[cst.CSTNode, cst.CSTNode]
+
+    @staticmethod
+    def of(module: cst.Module) -> Located:
+        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+        return Located(
+            wrapper=wrapper,
+            positions=wrapper.resolve(PositionProvider),
+            parents=wrapper.resolve(ParentNodeProvider),
+        )
+
+    def start(self, node: cst.CSTNode) -> Pos:
+        rng = self.positions[node]
+        return (rng.start.line, rng.start.column)  # type: ignore[attr-defined]
+
+    def end_line(self, node: cst.CSTNode) -> int:
+        return int(self.positions[node].end.line)  # type: ignore[attr-defined]
+
+    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.parents.get(node)
+
+
+# --- import aliases ----------------------------------------------------------------------------------------------
+
+
+def _imports(module: cst.Module) -> list[cst.Import | cst.ImportFrom]:
+    """The top-level import statements of a module (inside `if TYPE_CHECKING:` or functions do not count)."""
+    out: list[cst.Import | cst.ImportFrom] = []
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            out.extend(s for s in stmt.body if isinstance(s, cst.Import | cst.ImportFrom))
+    return out
+
+
+def module_alias(module: cst.Module, dotted: str, through_parent: bool = True) -> str | None:
+    """The expression the module can use to reach module `dotted` (e.g. "jax.numpy"), under every import form:
+    `import jax.numpy as jnp` -> "jnp"; `from jax import numpy as np_` -> "np_"; `from jax import numpy` -> "numpy";
+    `import jax.numpy` or just `import jax` -> "jax.numpy"; `import jax as j` -> "j.numpy". None when not imported.
+    An exact import wins over reaching the module through a parent package; `through_parent=False` accepts only
+    exact imports (a parent package need not load the submodule, as `import jax` does not load Pallas)."""
+    head, _, last = dotted.rpartition(".")
+    via_parent: str | None = None
+    for imp in _imports(module):
+        if isinstance(imp, cst.ImportFrom):
+            if isinstance(imp.names, cst.ImportStar) or imp.module is None or imp.relative:
+                continue
+            if code(imp.module) != head:
+                continue
+            for a in imp.names:
+                if code(a.name) == last:
+                    return a.asname.name.value if a.asname else last  # type: ignore[union-attr]
+            continue
+        for a in imp.names:
+            name = code(a.name)
+            if name == dotted:
+                return a.asname.name.value if a.asname else dotted  # type: ignore[union-attr]
+            if not through_parent or via_parent is not None:
+                continue
+            if a.asname is not None and dotted.startswith(name + "."):  # `import jax as j` -> `j.numpy`
+                via_parent = a.asname.name.value + dotted[len(name) :]  # type: ignore[union-attr]
+            elif a.asname is None and name.split(".")[0] == dotted.split(".")[0]:
+                via_parent = dotted  # `import jax.experimental` binds `jax`, which reaches `jax.numpy`
+    return via_parent
+
+
+def pl_alias(module: cst.Module) -> str:
+    """The name for `jax.experimental.pallas` (default "pl" when the module does not import it)."""
+    return module_alias(module, PALLAS, through_parent=False) or "pl"
+
+
+def pltpu_alias(module: cst.Module) -> str | None:
+    """The name for `jax.experimental.pallas.tpu`, if the module imports it (a bare `import jax` does not load it)."""
+    return module_alias(module, PALLAS_TPU, through_parent=False)
+
+
+def jnp_alias(module: cst.Module) -> str | None:
+    """The name for `jax.numpy`, if the module can reach it (`import jax` is enough)."""
+    return module_alias(module, JAX_NUMPY)
+
+
+# --- locating a pallas_call and its parts ---------------------------------------------------------------------
+
+
+def is_pallas_call(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Call) and (
+        m.matches(node.func, m.Attribute(attr=m.Name("pallas_call"))) or m.matches(node.func, m.Name("pallas_call"))
+    )
+
+
+def pallas_call_nodes(loc: Located) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if is_pallas_call(node):
+                found.append(node)
+
+    loc.wrapper.module.visit(Finder())
+    return found
+
+
+def find_call_node(loc: Located, call: CallFacts) -> cst.Call:
+    """The `pallas_call(...)` node that produced `call` (declines when the span is unknown or ambiguous)."""
+    check(
+        call.library_site is None,
+        f"call {call.index}'s pallas_call is in a library ({call.library_site}): only the values this file passes "
+        "to it can change",
+    )
+    check(call.span is not None, "the traced call has no source location")
+    assert call.span is not None
+    first, last = call.span
+    inside = [n for n in pallas_call_nodes(loc) if first <= loc.start(n)[0] <= last]
+    check(len(inside) == 1, f"cannot tell which pallas_call on lines {first}-{last} made call {call.index}")
+    return inside[0]
+
+
+def keyword(call: cst.Call, name: str) -> cst.Arg | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg
+    return None
+
+
+def enclosing_function(loc: Located, node: cst.CSTNode) -> cst.FunctionDef | None:
+    cur: cst.CSTNode | None = loc.parent(node)
+    while cur is not None and not isinstance(cur, cst.FunctionDef):
+        cur = loc.parent(cur)
+    return cur
+
+
+def resolve_local(loc: Located, at: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    """The expression last assigned to `name` in the function enclosing `at` (or the module), before `at`."""
+    fn = enclosing_function(loc, at)
+    scope: cst.CSTNode = fn if fn is not None else loc.wrapper.module
+    target_line = loc.start(at)[0]
+    best: tuple[int, cst.BaseExpression] | None = None
+
+    class Finder(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            nonlocal best
+            for t in node.targets:
+                if m.matches(t.target, m.Name(name)):
+                    line = loc.start(node)[0]
+                    if line < target_line and (best is None or line > best[0]):
+                        best = (line, node.value)
+
+    scope.visit(Finder())
+    return best[1] if best else None
+
+
+def resolve(loc: Located, at: cst.CSTNode, expr: cst.BaseExpression | None, hops: int = 5) -> cst.BaseExpression | None:
+    """Follow local names (`specs = [...]; in_specs=specs`) to the expression they were last assigned."""
+    seen = 0
+    while isinstance(expr, cst.Name) and seen < hops:
+        expr = resolve_local(loc, at, expr.value)
+        seen += 1
+    return expr
+
+
+def spec_list(loc: Located, call: cst.Call, key: str) -> list[cst.BaseExpression | None]:
+    """The elements of a pallas_call's `in_specs` / `out_specs` (or the `grid` value itself), given directly or in its
+    `grid_spec=GridSpec(...)`, each followed through local names; [] when absent. A single spec is a one-item list."""
+    holder: cst.Call = call
+    arg = keyword(call, key)
+    if arg is None:
+        gs = keyword(call, "grid_spec")
+        gs_val = resolve(loc, call, gs.value) if gs is not None else None
+        if isinstance(gs_val, cst.Call):
+            holder = gs_val
+            arg = keyword(gs_val, key)
+    if arg is None:
+        return []
+    val = resolve(loc, holder, arg.value)
+    if isinstance(val, cst.List | cst.Tuple) and key != "grid":
+        return [resolve(loc, holder, e.value) for e in val.elements]
+    return [val]
+
+
+def spec_nodes(loc: Located, call: cst.Call) -> list[cst.BaseExpression | None]:
+    """The BlockSpec expressions of a pallas_call in operand order (inputs then outputs; None where unknown)."""
+    return spec_list(loc, call, "in_specs") + spec_list(loc, call, "out_specs")
+
+
+def grid_spec_keyword(loc: Located, call: cst.Call, key: str) -> tuple[cst.Call, cst.Arg | None]:
+    """A pallas_call keyword (`grid`, `scratch_shapes`, ...) given directly or inside its `grid_spec=GridSpec(...)`:
+    the call that holds it and the argument (None when absent)."""
+    arg = keyword(call, key)
+    if arg is None:
+        gs = keyword(call, "grid_spec")
+        val = gs.value if gs is not None else None
+        while isinstance(val, cst.Name):
+            val = resolve_local(loc, call, val.value)
+        if isinstance(val, cst.Call):
+            return val, keyword(val, key)
+    return call, arg
+
+
+def kernel_function(loc: Located, call: cst.Call) -> cst.FunctionDef | None:
+    """The module-level function a pallas_call runs as its kernel (directly or through functools.partial)."""
+    first = call.args[0].value if call.args and call.args[0].keyword is None else None
+    if first is None:
+        arg = keyword(call, "kernel")
+        first = arg.value if arg is not None else None
+    hops = 0
+    while first is not None and hops < 4:
+        if isinstance(first, cst.Call) and first.args:  # functools.partial(fn, ...)
+            first = first.args[0].value
+        elif isinstance(first, cst.Name):
+            name = first.value
+            defs = [
+                d
+                for d in m.findall(loc.wrapper.module, m.FunctionDef(name=m.Name(name)))
+                if isinstance(d, cst.FunctionDef)
+            ]
+            if len(defs) == 1:  # module level or a closure in the entry
+                return defs[0]
+            first = resolve_local(loc, call, name)
+        else:
+            return None
+        hops += 1
+    return None
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """Where a pallas_call is applied in the wrapper: `pl.pallas_call(...)(x, w)` directly, or through a local name
+    (`f = pl.pallas_call(...); f(x, w)`). `apply` is the applying Call node, `operands` its positional arguments."""
+
+    apply: cst.Call
+    operands: tuple[cst.BaseExpression, ...]
+
+
+def call_site(loc: Located, call: cst.Call) -> CallSite | None:
+    """The application of pallas_call node `call` to its operands (None when it is not applied right there or
+    through exactly one local name in the same function, or is applied with keywords or `*args`)."""
+    parent = loc.parent(call)
+    applying: cst.Call | None = None
+    if isinstance(parent, cst.Call) and parent.func is call:
+        applying = parent
+    elif isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name):
+        name = parent.targets[0].target.value
+        fn = enclosing_function(loc, call)
+        scope: cst.CSTNode = fn if fn is not None else loc.wrapper.module
+        uses = [
+            c
+            for c in m.findall(scope, m.Call(func=m.Name(name)))
+            if isinstance(c, cst.Call) and loc.start(c)[0] > loc.start(call)[0]
+        ]
+        applying = uses[0] if len(uses) == 1 else None
+    if applying is None or any(a.keyword is not None or a.star for a in applying.args):
+        return None
+    return CallSite(apply=applying, operands=tuple(a.value for a in applying.args))
+
+
+def kernel_refs(kernel: cst.FunctionDef) -> tuple[str, ...] | None:
+    """The kernel's positional parameter names (its refs in operand order), None when it takes `*args`."""
+    params = kernel.params
+    if not (params.star_arg is cst.MaybeSentinel.DEFAULT or isinstance(params.star_arg, cst.ParamStar)):
+        return None
+    return tuple(p.name.value for p in params.params)
+
+
+def is_blockspec(node: cst.CSTNode | None) -> bool:
+    if not isinstance(node, cst.Call):
+        return False
+    f = node.func
+    return (isinstance(f, cst.Attribute) and f.attr.value == "BlockSpec") or (
+        isinstance(f, cst.Name) and f.value == "BlockSpec"
+    )
+
+
+def blockspec_parts(spec: cst.BaseExpression | None) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None]:
+    """The (block_shape, index_map) expressions of a `BlockSpec(...)` call, positional or keyword (None if absent)."""
+    if not is_blockspec(spec):
+        return None, None
+    assert isinstance(spec, cst.Call)
+    positional = [a.value for a in spec.args if a.keyword is None]
+    shape_arg, imap_arg = keyword(spec, "block_shape"), keyword(spec, "index_map")
+    shape = shape_arg.value if shape_arg is not None else (positional[0] if positional else None)
+    imap = imap_arg.value if imap_arg is not None else (positional[1] if len(positional) > 1 else None)
+    return shape, imap
+
+
+# --- renaming and building -------------------------------------------------------------------------------------
+
+
+class RenameNames(cst.CSTTransformer):
+    """Rename variables: every `Name` in `renames`, except an attribute's name (`x.o_ref`) or a call's keyword."""
+
+    def __init__(self, renames: Mapping[str, str]) -> None:
+        super().__init__()
+        self.renames = dict(renames)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        return False  # only the object part can be a variable: visited by hand in leave_Attribute
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        value = original.value.visit(self)
+        assert isinstance(value, cst.BaseExpression)
+        return updated.with_changes(value=value)
+
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+        return updated.with_changes(keyword=original.keyword)
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
+        new = self.renames.get(original.value)
+        return updated.with_changes(value=new) if new is not None else updated
+
+
+def rename_names(node: N, renames: Mapping[str, str]) -> N:
+    """`node` with every use of the names in `renames` renamed (a ref in a kernel body, a loop variable...)."""
+    out = node.visit(RenameNames(renames))
+    assert isinstance(out, type(node))
+    return out
+
+
+def used_names(node: cst.CSTNode) -> set[str]:
+    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
+
+
+def fresh_name(used: set[str], want: str) -> str:
+    """`want`, prefixed with underscores until it clashes with none of `used`."""
+    name = want
+    while name in used:
+        name = "_" + name
+    return name
+
+
+def tuple_expr(items: Sequence[str | cst.BaseExpression]) -> cst.Tuple:
+    """`(a, b)` from source texts or expressions (`(a,)` for one item, `()` for none)."""
+    exprs = [cst.parse_expression(i) if isinstance(i, str) else i for i in items]
+    sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    elements = [cst.Element(e, comma=sep) if k < len(exprs) - 1 else cst.Element(e) for k, e in enumerate(exprs)]
+    if len(elements) == 1:
+        elements[0] = elements[0].with_changes(comma=cst.Comma())
+    return cst.Tuple(elements)
+
+
+def index_map_expr(params: Sequence[str], results: Sequence[str | cst.BaseExpression]) -> cst.Lambda:
+    """`lambda i, j, k: (i, j)`: an index map over grid indices `params` returning block indices `results`."""
+    text = "lambda " + ", ".join(params) + ": " + code(tuple_expr(results))
+    lam = cst.parse_expression(text if params else "lambda: " + code(tuple_expr(results)))
+    assert isinstance(lam, cst.Lambda)
+    return lam
+
+
+PROGRAM_ID = m.Call(
+    func=m.Attribute(attr=m.Name("program_id") | m.Name("num_programs")) | m.Name("program_id") | m.Name("num_programs")
+)
+
+
+def program_id_axes(node: cst.CSTNode) -> set[int] | None:
+    """The literal grid axes `pl.program_id(a)` / `pl.num_programs(a)` use inside `node`; None when an axis is not
+    an integer literal."""
+    axes: set[int] = set()
+    for use in m.findall(node, PROGRAM_ID):
+        assert isinstance(use, cst.Call)
+        arg = use.args[0].value if use.args else None
+        if not isinstance(arg, cst.Integer):
+            return None
+        axes.add(int(arg.evaluated_value))
+    return axes
+
+
+class _Renumber(cst.CSTTransformer):
+    def __init__(self, mapping: Mapping[int, int]) -> None:
+        super().__init__()
+        self.mapping = mapping
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if not m.matches(original, PROGRAM_ID) or not updated.args:
+            return updated
+        arg = updated.args[0]
+        assert isinstance(arg.value, cst.Integer)  # program_id_axes() checked it first
+        new = self.mapping[int(arg.value.evaluated_value)]
+        return updated.with_changes(args=[arg.with_changes(value=cst.Integer(str(new))), *updated.args[1:]])
+
+
+def renumber_program_ids(node: N, mapping: Mapping[int, int]) -> N:
+    """`node` with every `program_id(a)` / `num_programs(a)` axis literal `a` replaced by `mapping[a]` (check
+    `program_id_axes(node)` first: every axis must be a literal in `mapping`)."""
+    out = node.visit(_Renumber(mapping))
+    assert isinstance(out, type(node))
+    return out
+
+
+def module_names(module: cst.Module) -> set[str]:
+    """Names bound by the module's top-level statements (imports, assignments, defs, classes)."""
+    names: set[str] = set()
+    for stmt in module.body:
+        if isinstance(stmt, cst.FunctionDef | cst.ClassDef):
+            names.add(stmt.name.value)
+        elif isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Import | cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                    for a in small.names:
+                        bound = a.asname.name if a.asname else a.name  # type: ignore[union-attr]
+                        names.add(code(bound).split(".")[0])
+                elif isinstance(small, cst.Assign):
+                    for t in small.targets:
+                        names.update(used_names(t.target))
+                elif isinstance(small, cst.AnnAssign):
+                    names.update(used_names(small.target))
+    return names
+
+
+def free_names(expr: cst.CSTNode) -> set[str]:
+    """Variable names an expression reads (attribute names and keywords excluded; lambda parameters excluded)."""
+    out: set[str] = set()
+
+    class Finder(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            node.value.visit(self)
+            return False
+
+        def visit_Arg(self, node: cst.Arg) -> bool:
+            node.value.visit(self)
+            return False
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            bound = {p.name.value for p in node.params.params}
+            out.update(free_names(node.body) - bound)
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            out.add(node.value)
+
+    expr.visit(Finder())
+    return out
+
+
+def bound_names(node: cst.CSTNode) -> set[str]:
+    """Names a block of code binds: assignment and loop targets, `with ... as`, defs (nested bodies included)."""
+    out: set[str] = set()
+    for t in m.findall(node, m.AssignTarget() | m.AugAssign() | m.AnnAssign() | m.For() | m.AsName()):
+        target = getattr(t, "target", None) or getattr(t, "name", None)
+        if target is not None:
+            out.update(n.value for n in m.findall(target, m.Name()) if isinstance(n, cst.Name))
+            if isinstance(target, cst.Name):
+                out.add(target.value)
+    for fn in m.findall(node, m.FunctionDef()):
+        assert isinstance(fn, cst.FunctionDef)
+        out.add(fn.name.value)
+    return out

@@ -1,0 +1,652 @@
+"""fuse: producer-consumer fusion of two consecutive pallas_calls, the consumer running on the producer's finished
+block in VMEM."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import libcst as cst
+import libcst.matchers as m
+
+from ..cost_model.hardware import Chip
+from ..errors import KernelError, PassNotApplicable, check
+from ..ir.cst_edit import ensure_pltpu, replace_many, set_keyword
+from ..ir.facts import CallFacts, Operand
+from ..ir.kernel_ir import KernelIR
+from ..ir.matchers import (
+    PROGRAM_ID,
+    Located,
+    blockspec_parts,
+    bound_names,
+    call_site,
+    code,
+    enclosing_function,
+    find_call_node,
+    free_names,
+    fresh_name,
+    grid_spec_keyword,
+    index_map_expr,
+    is_blockspec,
+    kernel_function,
+    kernel_refs,
+    keyword,
+    module_alias,
+    module_names,
+    pl_alias,
+    program_id_axes,
+    rename_names,
+    renumber_program_ids,
+    resolve,
+    spec_list,
+    tuple_expr,
+    used_names,
+)
+from ..ir.trace import find_pallas_call_chains, trace_entry
+from .base import Pass
+
+# Keywords of the consumer's pallas_call that describe its old grid: dropped from the fused call (later passes
+# re-derive dimension semantics, VMEM limit and cost estimate for the fused kernel).
+DROPPED = ("compiler_params", "cost_estimate", "name")
+
+
+@dataclass(frozen=True)
+class Link:
+    """How consumer `consumer` reads producer `producer`'s only output: as its input `operand`, with consumer grid
+    axis c walking the producer's axis `sigma[c]`; `inner` are the producer's reduction axes (they go innermost)."""
+
+    producer: CallFacts
+    consumer: CallFacts
+    operand: int
+    sigma: tuple[int, ...]
+    inner: tuple[int, ...]
+    reblock: bool = False  # an elementwise consumer adopts the producer's blocks (and grid extents)
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        """The fused grid in producer axes: the consumer's order, then the producer's reductions."""
+        return (*self.sigma, *self.inner)
+
+
+def _unit_row(row: Sequence[int]) -> int | bool | None:
+    """The grid axis an affine index-map row walks with stride 1 (None: constant 0; False: anything else)."""
+    coefs, const = row[:-1], row[-1]
+    nonzero = [a for a, c in enumerate(coefs) if c != 0]
+    if not nonzero:
+        return None if const == 0 else False
+    if len(nonzero) == 1 and coefs[nonzero[0]] == 1 and const == 0:
+        return nonzero[0]
+    return False
+
+
+def _plain(call: CallFacts, who: str) -> None:
+    check(call.library_site is None, f"the {who} is a library kernel")
+    check(call.num_scalar_prefetch == 0, f"the {who} uses scalar prefetch")
+    check(not call.body.has_dma and not call.body.has_semaphore, f"the {who} does manual DMA")
+    check(not call.input_output_aliases, f"the {who} aliases an input to an output")
+    check(not call.dynamic_axes, f"the {who} has a grid extent known only at run time")
+    for o in call.operands:
+        check(o.is_pipelined, f"the {who}'s {o.name} is not a blocked VMEM operand")
+        check(o.index_map.affine is not None, f"the {who}'s {o.name} index map is not affine")
+
+
+def _dataflow(ir: KernelIR, producer: int) -> tuple[int, int]:
+    """(consumer call, its operand) reading the producer's only output, when that output feeds one later call
+    directly and nothing else (no other call, wrapper op or result reads it)."""
+    check(ir.workload is not None, "the kernel module is not loaded")
+    assert ir.workload is not None
+    jaxpr = trace_entry(ir.workload).jaxpr
+    chains = find_pallas_call_chains(jaxpr)
+    check(len(chains[producer]) == 1, "the producer sits inside a jit/custom_vjp: fuse at the top level")
+    p_eqn = chains[producer][0]
+    check(len(p_eqn.outvars) == 1, "the producer has several outputs")
+    out = p_eqn.outvars[0]
+    readers = [e for e in jaxpr.eqns if any(v is out for v in e.invars)]
+    check(all(v is not out for v in jaxpr.outvars), "the producer's output is also a result (it must reach HBM)")
+    check(len(readers) == 1, f"the producer's output is read by {len(readers)} operations, not one pallas_call")
+    consumer = next((i for i, ch in enumerate(chains) if len(ch) == 1 and ch[0] is readers[0]), None)
+    check(consumer is not None, "the producer's output is read by a wrapper op, not a pallas_call")
+    assert consumer is not None
+    uses = [k for k, v in enumerate(readers[0].invars) if v is out]
+    check(len(uses) == 1, "the consumer reads the producer's output twice")
+    return consumer, uses[0]
+
+
+def _pair_axes(
+    rows: Sequence[tuple[Sequence[int], Sequence[int]]], c_grid: Sequence[int], p_grid: Sequence[int]
+) -> dict[int, int]:
+    """Consumer grid axis -> producer grid axis, from the index-map rows of the block they share. An axis with one
+    step traces as a constant row; it pairs with the one row left over on the other side."""
+    sigma: dict[int, int] = {}
+    c_left: list[int] = []
+    p_left: list[int] = []
+    for d, (rc, rp) in enumerate(rows):
+        ac, ap = _unit_row(rc), _unit_row(rp)
+        check(ac is not False and ap is not False, f"block dim {d} is not indexed by one grid axis with stride 1")
+        if isinstance(ac, int) and isinstance(ap, int):
+            check(sigma.get(ac, ap) == ap, f"consumer axis {ac} walks two producer axes")
+            sigma[ac] = ap
+        elif isinstance(ap, int):
+            p_left.append(ap)
+        elif isinstance(ac, int):
+            c_left.append(ac)
+    c_free = [a for a in range(len(c_grid)) if a not in sigma and a not in c_left and c_grid[a] == 1]
+    p_free = [a for a in range(len(p_grid)) if a not in sigma.values() and a not in p_left and p_grid[a] == 1]
+    if len(p_left) == 1 and len(c_free) == 1:
+        sigma[c_free[0]] = p_left.pop()
+    if len(c_left) == 1 and len(p_free) == 1:
+        sigma[c_left.pop()] = p_free[0]
+    check(not p_left and not c_left, "a block dim walks a grid axis in one call only")
+    return sigma
+
+
+def link(ir: KernelIR, producer: int) -> Link:
+    """Check that call `producer` and the call reading its output fuse, and how their grids line up (declines with
+    the reason)."""
+    check(0 <= producer < len(ir.calls) - 1, f"no pallas_call #{producer} followed by another")
+    p = ir.calls[producer]
+    _plain(p, "producer")
+    check(len(p.outputs) == 1, "the producer has several outputs")
+    consumer, operand = _dataflow(ir, producer)
+    c = ir.calls[consumer]
+    _plain(c, "consumer")
+    h, out = c.inputs[operand], p.outputs[0]
+    reblock = h.block_shape != out.block_shape
+    if reblock:
+        why = _not_elementwise(c, operand)
+        check(
+            why is None,
+            f"the consumer reads blocks {h.block_shape} of the producer's {out.block_shape} blocks and {why}: "
+            "tile them alike first",
+        )
+    assert h.index_map.affine is not None and out.index_map.affine is not None
+    sigma = _pair_axes(list(zip(h.index_map.affine, out.index_map.affine, strict=True)), c.grid, p.grid)
+    check(len(sigma) == len(c.grid), "a consumer grid axis does not walk the producer's output")
+    check(len(set(sigma.values())) == len(sigma), "two consumer axes walk one producer axis")
+    for a, b in sigma.items():
+        check(
+            reblock or c.grid[a] == p.grid[b],
+            f"consumer axis {a} has {c.grid[a]} steps, producer axis {b} has {p.grid[b]}",
+        )
+    inner = tuple(a for a in range(len(p.grid)) if a not in sigma.values())
+    return Link(p, c, operand, tuple(sigma[a] for a in range(len(c.grid))), inner, reblock)
+
+
+# Primitives whose result at an element depends only on the operands at that element: a body made of these alone
+# computes the same values whatever block it is given. `get`/`swap` are the ref reads and writes.
+ELEMENTWISE = frozenset(
+    [
+        "abs",
+        "add",
+        "and",
+        "atan2",
+        "broadcast_in_dim",
+        "cbrt",
+        "ceil",
+        "clamp",
+        "convert_element_type",
+        "copy",
+        "cos",
+        "div",
+        "eq",
+        "erf",
+        "erf_inv",
+        "exp",
+        "exp2",
+        "expm1",
+        "floor",
+        "ge",
+        "get",
+        "gt",
+        "integer_pow",
+        "le",
+        "log",
+        "log1p",
+        "logistic",
+        "lt",
+        "max",
+        "min",
+        "mul",
+        "ne",
+        "neg",
+        "not",
+        "or",
+        "pow",
+        "rem",
+        "round",
+        "rsqrt",
+        "select_n",
+        "sign",
+        "sin",
+        "sqrt",
+        "square",
+        "sub",
+        "swap",
+        "tan",
+        "tanh",
+        "xor",
+    ]
+)
+
+
+def _not_elementwise(c: CallFacts, operand: int) -> str | None:
+    """Why consumer `c` cannot run on blocks of another shape (None: it is elementwise and can)."""
+    h = c.inputs[operand]
+    other = sorted(set(c.body.primitives) - ELEMENTWISE)
+    if other:
+        return f"its body is not elementwise ({', '.join(other)})"
+    if c.scratch or c.body.program_id_axes:
+        return "it uses scratch or program_id"
+    for o in c.operands:
+        if (o.shape, o.block_shape, o.index_map.affine) != (h.shape, h.block_shape, h.index_map.affine):
+            return f"its {o.name} is not blocked like the producer's output"
+    return None
+
+
+def _fusable(ir: KernelIR, producer: int) -> bool:
+    try:
+        link(ir, producer)
+    except (PassNotApplicable, KernelError):
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class FusePass(Pass):
+    """Fuse pallas_call `producer` with the call that reads its output block by block: one kernel that runs the
+    producer's body and, once a block is finished (on the last step of the producer's reduction axes), the
+    consumer's body on it in VMEM. The intermediate never goes to HBM.
+
+    Helps wherever a kernel writes a large result only for the next kernel to read it back (a matmul then its
+    activation, row or column reduction, normalization): it saves that array's HBM write and read and one launch.
+    The consumer's grid order is kept and the producer's reduction axes go innermost, so reductions in the consumer
+    (a column max, a row sum) carry their partials in the output block across the fused grid, as they did before.
+    An elementwise consumer (its body made of elementwise primitives only, every operand blocked like the
+    intermediate) takes the producer's blocks whatever its own were. Parameter: `producer` (index of the first
+    call). Declines when a non-elementwise consumer reads blocks of another shape (tile them alike first), when the
+    output has another reader or is a result, for several producer outputs, manual DMA, scalar prefetch, aliasing,
+    or kernels it cannot read (functools.partial keywords, `*args`, grid_spec=, a pallas_call built in a factory).
+    """
+
+    name: ClassVar[str] = "fuse"
+    producer: int = 0
+
+    @classmethod
+    def choices(cls, ir: KernelIR, chip: Chip) -> tuple[Pass, ...]:
+        return tuple(cls(producer=i) for i in range(len(ir.calls) - 1) if _fusable(ir, i))
+
+    def apply(self, ir: KernelIR) -> KernelIR:
+        lk = link(ir, self.producer)
+        module, pltpu = ensure_pltpu(ir.module)
+        loc = Located.of(module)
+        p_node, c_node = find_call_node(loc, lk.producer), find_call_node(loc, lk.consumer)
+        for node, who in ((p_node, "producer"), (c_node, "consumer")):
+            check(keyword(node, "grid_spec") is None, f"the {who} is written with grid_spec=")
+        p_kernel, c_kernel = kernel_function(loc, p_node), kernel_function(loc, c_node)
+        check(p_kernel is not None and c_kernel is not None, "cannot find both kernel functions")
+        assert p_kernel is not None and c_kernel is not None
+        for node in (p_node, c_node):
+            first = node.args[0].value if node.args else None
+            check(isinstance(first, cst.Name), "a kernel is passed through functools.partial or an expression")
+        edits: dict[cst.CSTNode, cst.CSTNode] = {}
+        fused_name = fresh_name(module_names(module), f"_fused{_suffix(p_kernel)}{_suffix(c_kernel)}")
+        fused = _fused_kernel(lk, p_kernel, c_kernel, fused_name, pl_alias(module))
+        spaced = fused.with_changes(leading_lines=[cst.EmptyLine()] * 2)
+        edits[c_kernel] = cst.FlattenSentinel([c_kernel, spaced])  # type: ignore[assignment]
+        _fused_call(loc, lk, p_node, c_node, fused_name, pltpu, edits)
+        new = ir.with_module(replace_many(loc.wrapper.module, edits), self.spec())
+        _verify(ir, new, lk)
+        return new
+
+
+def _suffix(fn: cst.FunctionDef) -> str:
+    name = fn.name.value.strip("_")
+    return "_" + (name[: -len("_kernel")] if name.endswith("_kernel") else name)
+
+
+def _fused_kernel(lk: Link, pk: cst.FunctionDef, ck: cst.FunctionDef, name: str, pl: str) -> cst.FunctionDef:
+    """`def fused(p_inputs, c_inputs but h, c_outputs, p_scratch, c_scratch, h_block)`: the producer's body with
+    its output ref turned into the last scratch, then the consumer's body on it when the block is finished."""
+    p, c = lk.producer, lk.consumer
+    p_refs, c_refs = kernel_refs(pk), kernel_refs(ck)
+    check(p_refs is not None and c_refs is not None, "a kernel takes *args")
+    assert p_refs is not None and c_refs is not None
+    for fn, refs, call in ((pk, p_refs, p), (ck, c_refs, c)):
+        check(len(refs) == len(call.operands) + len(call.scratch), f"{fn.name.value}'s parameters do not match refs")
+        check(not fn.params.kwonly_params and fn.params.star_kwarg is None, f"{fn.name.value} takes keywords")
+        check(not fn.decorators, f"{fn.name.value} is decorated")
+    n_in = len(p.inputs)
+    p_out = p_refs[n_in]
+    taken = set(p_refs) | used_names(pk.body)
+    renames = {r: fresh_name(taken | set(c_refs), r) for r in c_refs if r in taken}
+    h = c_refs[lk.operand]
+    renames[h] = p_out  # the consumer reads the producer's finished block
+    c_in = [renames.get(r, r) for i, r in enumerate(c_refs[: len(c.inputs)]) if i != lk.operand]
+    c_rest = [renames.get(r, r) for r in c_refs[len(c.inputs) :]]
+    c_out, c_scr = c_rest[: len(c.outputs)], c_rest[len(c.outputs) :]
+    c_body = rename_names(ck.body, renames)
+    check(isinstance(c_body, cst.IndentedBlock), f"{ck.name.value}'s body is on one line")
+    assert isinstance(c_body, cst.IndentedBlock)
+    leaks = (free_names(c_body) - bound_names(c_body) - set(renames.values())) & (bound_names(pk.body) | set(p_refs))
+    check(not leaks, f"the consumer reads names the producer's body binds: {sorted(leaks)}")
+    for body, who in ((pk.body, "producer"), (c_body, "consumer")):
+        check(program_id_axes(body) is not None, f"the {who} uses a program_id axis that is not a literal")
+    pos = {a: i for i, a in enumerate(lk.order)}
+    p_body = renumber_program_ids(pk.body, pos)
+    params = [*p_refs[:n_in], *c_in, *c_out, *p_refs[n_in + 1 :], *c_scr, p_out]
+    taken_all = used_names(pk) | used_names(ck)
+    consume = fresh_name(taken_all, "_consume")
+    c_body, hoisted = _hoist_program_ids(c_body, taken_all)
+    conds = [f"{pl}.program_id({pos[a]}) == {pl}.num_programs({pos[a]}) - 1" for a in lk.inner]
+    last = conds[0] if len(conds) == 1 else " & ".join(f"({c})" for c in conds)
+    gap = [cst.EmptyLine(indent=False)]
+    header = f"@{pl}.when({last})\n" if last else ""
+    stub = cst.parse_statement(f"{header}def {consume}():\n    pass\n")
+    assert isinstance(stub, cst.FunctionDef)
+    first, *rest = p_body.body
+    if hoisted:
+        first = first.with_changes(leading_lines=gap)
+    stmts: list[Any] = [*hoisted, first, *rest, stub.with_changes(body=c_body, leading_lines=gap)]
+    if not last:  # the producer writes each block in one step: run the consumer right after it
+        stmts.append(cst.parse_statement(f"{consume}()\n").with_changes(leading_lines=gap))
+    text = f"def {name}({', '.join(params)}):\n    pass\n"
+    shell = cst.parse_statement(text)
+    assert isinstance(shell, cst.FunctionDef)
+    return shell.with_changes(body=p_body.with_changes(body=stmts))
+
+
+def _hoist_program_ids(body: cst.IndentedBlock, taken: set[str]) -> tuple[cst.IndentedBlock, list[cst.BaseStatement]]:
+    """The consumer's body with each `program_id(a)` / `num_programs(a)` read into a local at the top of the fused
+    kernel: inside the fused kernel the consumer runs under a `pl.when`, and JAX 0.10.2's interpret mode cannot
+    lower `program_id` in a `pl.when` nested in another (NotImplementedError: no MLIR rule for 'program_id')."""
+    names: dict[str, str] = {}
+    stmts: list[cst.BaseStatement] = []
+
+    class Hoist(cst.CSTTransformer):
+        def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+            if not m.matches(original, PROGRAM_ID):
+                return updated
+            text = code(original)
+            if text not in names:
+                kind = "pid" if "program_id" in code(original.func) else "npid"
+                names[text] = fresh_name(taken | set(names.values()), f"_{kind}{code(original.args[0].value)}")
+                stmts.append(cst.parse_statement(f"{names[text]} = {text}\n"))
+            return cst.Name(names[text])
+
+    out = body.visit(Hoist())
+    assert isinstance(out, cst.IndentedBlock)
+    return out, stmts
+
+
+def _portable(expr: cst.CSTNode, names: set[str]) -> bool:
+    return free_names(expr) <= names
+
+
+def _block_text(shape: cst.BaseExpression | None, traced: tuple[int | None, ...], names: set[str]) -> str:
+    """The block shape as the user wrote it when it reads only module-level names, else the traced sizes."""
+    if shape is not None and _portable(shape, names):
+        return code(shape)
+    return code(tuple_expr(["None" if b is None else str(b) for b in traced]))
+
+
+def _spec(
+    spec: cst.BaseExpression | None,
+    op: Operand,
+    grid_names: Sequence[str],
+    axis_of: dict[int, int],
+    names: set[str],
+    block: str | None = None,
+) -> cst.Call:
+    """The operand's BlockSpec over the fused grid: the same block (and other arguments), a new index map."""
+    check(is_blockspec(spec), f"the {op.name} spec is not a BlockSpec(...)")
+    assert isinstance(spec, cst.Call) and op.index_map.affine is not None
+    shape, _ = blockspec_parts(spec)
+    results = []
+    for row in op.index_map.affine:
+        terms = [
+            f"{c} * {grid_names[axis_of[a]]}" if c != 1 else grid_names[axis_of[a]] for a, c in enumerate(row[:-1]) if c
+        ]
+        if row[-1] or not terms:
+            terms.append(str(row[-1]))
+        results.append(" + ".join(terms))
+    imap = index_map_expr(grid_names, results)
+    block_expr = cst.parse_expression(block or _block_text(shape, op.block_shape, names))
+    rest = [a for a in spec.args if a.keyword is not None and a.keyword.value not in ("block_shape", "index_map")]
+    for a in rest:
+        check(_portable(a.value, names), f"the {op.name} BlockSpec's {a.keyword.value}= reads local names")  # type: ignore[union-attr]
+    return spec.with_changes(args=[cst.Arg(block_expr), cst.Arg(imap), *rest])
+
+
+def _fused_call(
+    loc: Located,
+    lk: Link,
+    p_node: cst.Call,
+    c_node: cst.Call,
+    kernel: str,
+    pltpu: str,
+    edits: dict[cst.CSTNode, cst.CSTNode],
+) -> None:
+    """Turn the consumer's pallas_call into the fused one, fed the producer's operands; the producer's result is
+    only shape-traced (`jax.eval_shape`) where the wrapper still reads its shape."""
+    p, c = lk.producer, lk.consumer
+    module = loc.wrapper.module
+    names = module_names(module)
+    p_site, c_site = call_site(loc, p_node), call_site(loc, c_node)
+    check(p_site is not None and c_site is not None, "a pallas_call is not applied to positional operands in place")
+    assert p_site is not None and c_site is not None
+    p_ops = _operands_in_consumer_scope(loc, lk, p_site.operands, p_node, c_node, c_site.operands[lk.operand], edits)
+    c_ops = [o for i, o in enumerate(c_site.operands) if i != lk.operand]
+    grid_names = [f"g{i}" for i in range(len(lk.order))]
+    p_axis = {a: i for i, a in enumerate(lk.order)}
+    c_axis = {a: a for a in range(len(c.grid))}
+    p_specs = spec_list(loc, p_node, "in_specs")
+    c_specs = spec_list(loc, c_node, "in_specs")
+    c_outs = spec_list(loc, c_node, "out_specs")
+    check(len(p_specs) == len(p.inputs) and len(c_specs) == len(c.inputs), "cannot read every in_specs entry")
+    check(len(c_outs) == len(c.outputs), "cannot read every out_specs entry")
+    scope_names = names | used_names(enclosing_function(loc, c_node) or module)
+    in_specs = [_spec(s, o, grid_names, p_axis, names) for s, o in zip(p_specs, p.inputs, strict=True)]
+    c_block = None
+    if lk.reblock:  # the consumer's operands take the producer's output block
+        p_out_spec = spec_list(loc, p_node, "out_specs")
+        shape, _ = blockspec_parts(p_out_spec[0] if len(p_out_spec) == 1 else None)
+        c_block = _block_text(shape, p.outputs[0].block_shape, names)
+    # Reblocked (elementwise) consumer operands are blocked exactly like the producer's output.
+    like = (lambda o: p.outputs[0]) if lk.reblock else (lambda o: o)
+    axis_of = p_axis if lk.reblock else c_axis
+    in_specs += [
+        _spec(s, like(o), grid_names, axis_of, scope_names, c_block)
+        for i, (s, o) in enumerate(zip(c_specs, c.inputs, strict=True))
+        if i != lk.operand
+    ]
+    out_specs = [
+        _spec(s, like(o), grid_names, axis_of, scope_names, c_block) for s, o in zip(c_outs, c.outputs, strict=True)
+    ]
+    grid = _grid(loc, lk, p_node, c_node, p_ops, names)
+    scratch = [*_scratch(loc, p_node, p, names), *_scratch(loc, c_node, c, scope_names)]
+    out = p.outputs[0]
+    p_out_specs = spec_list(loc, p_node, "out_specs")
+    block = _block_text(blockspec_parts(p_out_specs[0])[0] if p_out_specs else None, out.block_shape, names)
+    scratch.append(cst.parse_expression(f"{pltpu}.VMEM({block}, {module_alias(module, 'jax.numpy')}.{out.dtype})"))
+    out_arg = keyword(c_node, "out_specs")
+    assert out_arg is not None
+    single_out = not isinstance(resolve(loc, c_node, out_arg.value), cst.List | cst.Tuple)
+    in_arg = keyword(c_node, "in_specs")
+    new_kw: dict[str, cst.BaseExpression] = {
+        "grid": grid,
+        "in_specs": _list_like(in_arg.value if in_arg is not None else None, in_specs),
+        "out_specs": out_specs[0] if single_out else _list_like(out_arg.value, out_specs),
+        "scratch_shapes": _list_like(None, scratch),
+    }
+    args = [cst.Arg(cst.Name(kernel), comma=c_node.args[0].comma)]
+    for a in c_node.args[1:]:
+        key = a.keyword.value if a.keyword is not None else None
+        if key in DROPPED:
+            continue
+        args.append(a.with_changes(value=new_kw.pop(key)) if key in new_kw else a)
+    new_call = c_node.with_changes(args=args)
+    for key, value in new_kw.items():
+        new_call = set_keyword(new_call, key, value)
+    apply_args = [cst.Arg(o) for o in (*p_ops, *c_ops)]
+    check(c_site.apply not in edits, "the consumer's operands and call overlap the producer's")
+    applied = c_site.apply.with_changes(args=apply_args)
+    if c_site.apply.func is c_node:
+        edits[c_site.apply] = applied.with_changes(func=new_call)
+    else:
+        edits[c_site.apply] = applied
+        edits[c_node] = new_call
+
+
+def _list_like(like: cst.BaseExpression | None, items: Sequence[cst.BaseExpression]) -> cst.List:
+    """A list of `items`, one per line when `like` (the list it replaces) was written one element per line."""
+    if isinstance(like, cst.List | cst.Tuple) and like.elements:
+        first = like.elements[0].comma
+        if isinstance(first, cst.Comma) and "\n" in code(first):
+            sep = first
+        else:
+            sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        last = like.elements[-1].comma
+        elems = [cst.Element(v, comma=sep) for v in items[:-1]]
+        elems.append(cst.Element(items[-1], comma=last if isinstance(last, cst.Comma) else cst.MaybeSentinel.DEFAULT))
+        lbracket = like.lbracket if isinstance(like, cst.List) else cst.LeftSquareBracket()
+        rbracket = like.rbracket if isinstance(like, cst.List) else cst.RightSquareBracket()
+        return cst.List(elems, lbracket=lbracket, rbracket=rbracket)
+    return cst.List([cst.Element(v) for v in items])
+
+
+def _operands_in_consumer_scope(
+    loc: Located,
+    lk: Link,
+    p_ops: Sequence[cst.BaseExpression],
+    p_node: cst.Call,
+    c_node: cst.Call,
+    h_expr: cst.BaseExpression,
+    edits: dict[cst.CSTNode, cst.CSTNode],
+) -> list[cst.BaseExpression]:
+    """The producer's operands as the consumer's function can name them, and the edit that keeps (or drops) the
+    producer's result in the wrapper."""
+    c_fn, p_fn = enclosing_function(loc, c_node), enclosing_function(loc, p_node)
+    value: cst.BaseExpression | None = h_expr
+    if isinstance(h_expr, cst.Name):
+        value = resolve(loc, c_node, h_expr, hops=1)
+        check(value is not None, f"cannot find where {h_expr.value} is assigned")
+        assert value is not None
+        stmt_parent = loc.parent(value)
+        check(isinstance(stmt_parent, cst.Assign), f"{h_expr.value} is not assigned by a plain `=`")
+        jax = module_alias(loc.wrapper.module, "jax")
+        check(jax is not None, "the module does not import jax")
+        # The wrapper may still read the intermediate's shape (`M, N = h.shape`): keep it as a shape, computed
+        # without running anything.
+        fn = enclosing_function(loc, c_node)
+        reads = [n for n in m.findall(fn or loc.wrapper.module, m.Name(h_expr.value)) if n is not h_expr]
+        line = loc.parent(stmt_parent) if stmt_parent is not None else None
+        if len(reads) == 1 and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+            edits[line] = cst.RemovalSentinel.REMOVE  # type: ignore[assignment]  # nothing else reads it
+        else:
+            edits[value] = cst.parse_expression(f"{jax}.eval_shape(lambda: {code(value)})")
+    # `value` is the producer's application, or a call of the helper function that returns it.
+    if p_fn is c_fn:
+        check(
+            value is not None and any(n is p_node for n in _calls_in(value)),
+            "the producer's result reaches the consumer through an expression pallasopt cannot follow",
+        )
+        return list(p_ops)
+    check(
+        isinstance(value, cst.Call) and isinstance(value.func, cst.Name),
+        "the consumer reads a result it cannot trace back",
+    )
+    assert isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and p_fn is not None
+    check(
+        value.func.value == p_fn.name.value, f"{code(value)} does not call {p_fn.name.value}, the producer's function"
+    )
+    check(all(a.keyword is None and not a.star for a in value.args), f"{code(value)} passes keywords")
+    params = [q.name.value for q in p_fn.params.params]
+    binding = {params[i]: a.value for i, a in enumerate(value.args) if i < len(params)}
+    out: list[cst.BaseExpression] = []
+    for op in p_ops:
+        check(
+            isinstance(op, cst.Name) and op.value in binding,
+            f"the producer's operand {code(op)} is not one of {p_fn.name.value}'s parameters",
+        )
+        assert isinstance(op, cst.Name)
+        out.append(binding[op.value])
+    return out
+
+
+def _calls_in(expr: cst.CSTNode) -> list[cst.CSTNode]:
+    return list(m.findall(expr, m.Call())) + ([expr] if isinstance(expr, cst.Call) else [])
+
+
+def _grid(
+    loc: Located, lk: Link, p_node: cst.Call, c_node: cst.Call, p_ops: Sequence[cst.BaseExpression], names: set[str]
+) -> cst.Tuple:
+    """The consumer's grid extents (when its blocks are kept), then each producer reduction axis, as
+    `pl.cdiv(operand.shape[d], block)` over a producer input that axis walks."""
+    items: list[cst.BaseExpression] = []
+    if not lk.reblock:
+        _holder, arg = grid_spec_keyword(loc, c_node, "grid")
+        check(arg is not None, "the consumer has no grid=")
+        assert arg is not None
+        grid = resolve(loc, c_node, arg.value)
+        check(
+            isinstance(grid, cst.Tuple) and len(grid.elements) == len(lk.consumer.grid),
+            "the consumer's grid is not a tuple",
+        )
+        assert isinstance(grid, cst.Tuple)
+        items = [e.value for e in grid.elements]
+    axes = lk.inner if not lk.reblock else lk.order
+    p_specs = spec_list(loc, p_node, "in_specs")
+    for axis in axes:
+        items.append(_extent(loc, lk.producer, axis, p_specs, p_ops, names))
+    return tuple_expr(items)
+
+
+def _extent(
+    loc: Located,
+    p: CallFacts,
+    axis: int,
+    p_specs: Sequence[cst.BaseExpression | None],
+    p_ops: Sequence[cst.BaseExpression],
+    names: set[str],
+) -> cst.BaseExpression:
+    """`pl.cdiv(x.shape[d], block)` for the first producer input whose block dim d walks grid `axis`."""
+    for i, op in enumerate(p.inputs):
+        assert op.index_map.affine is not None
+        for d, row in enumerate(op.index_map.affine):
+            size = op.block_shape[d]
+            if _unit_row(row) != axis or size is None:
+                continue
+            check(-(-op.shape[d] // size) == p.grid[axis], f"the producer's axis {axis} does not cover input {i}")
+            shape, _ = blockspec_parts(p_specs[i])
+            written = shape.elements[d].value if isinstance(shape, cst.Tuple | cst.List) else None
+            text = code(written) if written is not None and _portable(written, names) else str(size)
+            return cst.parse_expression(f"{pl_alias(loc.wrapper.module)}.cdiv({code(p_ops[i])}.shape[{d}], {text})")
+    check(False, f"no producer input walks its grid axis {axis}")
+    raise AssertionError
+
+
+def _scratch(loc: Located, node: cst.Call, call: CallFacts, names: set[str]) -> list[cst.BaseExpression]:
+    if not call.scratch:
+        return []
+    _holder, arg = grid_spec_keyword(loc, node, "scratch_shapes")
+    value = resolve(loc, node, arg.value) if arg is not None else None
+    check(isinstance(value, cst.List | cst.Tuple), "scratch_shapes is not a literal list")
+    assert isinstance(value, cst.List | cst.Tuple)
+    items = [e.value for e in value.elements]
+    check(len(items) == len(call.scratch), "scratch_shapes does not list every scratch buffer")
+    for s in items:
+        check(_portable(s, names), f"the scratch {code(s)} reads names local to its function")
+    return items
+
+
+def _verify(before: KernelIR, after: KernelIR, lk: Link) -> None:
+    """The rewrite traced to one call fewer, with the consumer's outputs, over the fused grid."""
+    check(len(after.calls) == len(before.calls) - 1, f"the rewrite traced to {len(after.calls)} pallas_calls")
+    got = after.calls[lk.consumer.index - 1]
+    want_grid = tuple(lk.producer.grid[a] for a in lk.order)
+    check(got.grid == want_grid, f"the fused call traced to grid {got.grid}, not {want_grid}")
+    check(
+        [(o.shape, o.dtype) for o in got.outputs] == [(o.shape, o.dtype) for o in lk.consumer.outputs],
+        "the fused call's outputs differ from the consumer's",
+    )

@@ -1,0 +1,116 @@
+"""fuse: producer-consumer fusion of pallas_calls (before/after, declines, every choice checked in interpret mode)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pallasopt.cost_model.hardware import get_chip
+from pallasopt.errors import PassNotApplicable
+from pallasopt.harness.check import check_many
+from pallasopt.ir.kernel_ir import KernelIR
+from pallasopt.passes.fuse import FusePass
+from pallasopt.passes.registry import parse_pipeline
+
+KERNELS = Path(__file__).parent / "kernels" / "fuse"
+V5E = get_chip("v5e")
+
+
+def load(name: str) -> KernelIR:
+    return KernelIR.from_file(KERNELS / f"{name}.py")
+
+
+def run(ir: KernelIR, spec: str) -> KernelIR:
+    for p in parse_pipeline(spec):
+        ir = p.apply(ir)
+    return ir
+
+
+def test_spec_round_trips() -> None:
+    (p,) = parse_pipeline("fuse{producer=1}")
+    assert p == FusePass(producer=1) and p.spec() == "fuse{producer=1}"
+
+
+def test_reduction_consumer_runs_on_the_finished_block() -> None:
+    ir = load("matmul_colmax")
+    assert FusePass.choices(ir, V5E) == (FusePass(producer=0),)
+    new = run(ir, "fuse{producer=0}")
+    (fused,) = new.calls
+    # The consumer's order (columns, rows) outside, the matmul's K innermost: the (1, N) max is carried in the
+    # output block across rows and K, and the product only ever sits in a VMEM scratch.
+    assert fused.grid == (2, 2, 2)
+    assert [s.shape for s in fused.scratch] == [(128, 128)]
+    assert [(o.shape, o.block_shape) for o in fused.outputs] == [((1, 256), (1, 128))]
+    src = new.source
+    assert "h = jax.eval_shape(lambda: _matmul(x, w))" in src  # `M, N = h.shape` still reads it
+    assert "grid=(N // BLOCK, M // BLOCK, pl.cdiv(x.shape[1], BLOCK))," in src
+    assert "@pl.when(pl.program_id(2) == pl.num_programs(2) - 1)" in src
+    assert "    _pid1 = pl.program_id(1)" in src  # hoisted out of the nested pl.when (interpret mode needs it)
+    assert "jnp.max(o_ref[...], axis=0, keepdims=True)" in src
+    assert ")(x, w)" in src.split("def matmul_colmax")[1]
+
+
+def test_ragged_grid_and_a_second_input() -> None:
+    new = run(load("ragged_rowsum"), "fuse{producer=0}")
+    (fused,) = new.calls
+    assert fused.grid == (4, 2) and len(fused.inputs) == 2  # x and the residual r; y never reaches HBM
+    assert "y = pl.pallas_call" not in new.source  # nothing else read y: the statement is gone
+
+
+def test_consumer_of_two_producers_fuses_both() -> None:
+    ir = load("two_producers")
+    assert len(ir.calls) == 3
+    once = run(ir, "fuse{producer=1}")
+    assert len(once.calls) == 2
+    both = run(once, "fuse{producer=0}")
+    (fused,) = both.calls
+    # The consumer is elementwise, so it takes the producers' (64, 128) blocks instead of its own (128, 256).
+    assert fused.grid == (4, 2) and all(o.block_shape == (64, 128) for o in fused.operands)
+
+
+@pytest.mark.parametrize(
+    ("name", "producer", "why"),
+    [
+        ("declines", 0, "also a result"),
+        ("declines", 2, "several outputs"),
+        ("matmul_colmax", 1, "no pallas_call #1 followed by another"),
+    ],
+)
+def test_declines(name: str, producer: int, why: str) -> None:
+    with pytest.raises(PassNotApplicable, match=why):
+        FusePass(producer=producer).apply(load(name))
+
+
+def test_declines_a_reduction_consumer_with_other_blocks() -> None:
+    path = KERNELS / "matmul_colmax.py"
+    src = path.read_text().replace(
+        "grid=(N // BLOCK, M // BLOCK),\n        in_specs=[pl.BlockSpec((BLOCK, BLOCK),",
+        "grid=(N // BLOCK, M // (2 * BLOCK)),\n        in_specs=[pl.BlockSpec((2 * BLOCK, BLOCK),",
+    )
+    ir = KernelIR.from_source(src, str(path))
+    assert ir.calls[1].inputs[0].block_shape == (256, 128)
+    with pytest.raises(PassNotApplicable, match=r"not elementwise .*tile them alike first"):
+        FusePass(producer=0).apply(ir)
+    assert FusePass.choices(ir, V5E) == ()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "recipes"),
+    [
+        ("matmul_colmax", ["fuse{producer=0}"]),
+        ("ragged_rowsum", ["fuse{producer=0}"]),
+        ("two_producers", ["fuse{producer=1}", "fuse{producer=1},fuse{producer=0}"]),
+    ],
+)
+def test_fused_kernels_match_the_reference(name: str, recipes: list[str]) -> None:
+    """Every fusion (and every choice fuse offers) re-traces to one call fewer and passes the oracle."""
+    ir = load(name)
+    results = [run(ir, r) for r in recipes]
+    results += [c.apply(ir) for c in FusePass.choices(ir, V5E)]
+    for new in results:
+        assert len(new.calls) < len(ir.calls)
+    checked = check_many([r.source for r in results], str(KERNELS / f"{name}.py"))
+    bad = [(r.recipe, c.message) for r, c in zip(results, checked, strict=True) if not c.ok]
+    assert not bad, bad
