@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ir.facts import CallFacts, Operand, dtype_bytes, plain
+from ..ir.facts import CallFacts, Dot, Operand, dtype_bytes, plain
 from .hardware import Chip
+from .per_step import evaluated_compute, evaluated_fetches
 
 MAX_ENUMERATED_STEPS = 50_000  # non-affine index maps are evaluated step by step up to this grid size
 VMEM_MARGIN = 0.9  # fraction of the scoped limit the model lets a candidate use (compiler internal scratch)
@@ -35,7 +36,9 @@ class Traffic:
     operand: str
     fetches: int  # block transfers (fetches for inputs, write-backs for outputs)
     bytes: int
-    method: str  # "closed-form" | "enumerated" | "structural" | "manual-dma"
+    method: (
+        str  # "closed-form" | "enumerated" | "data" (evaluated on the prefetch tables) | "structural" | "manual-dma"
+    )
 
 
 @dataclass(frozen=True)
@@ -98,11 +101,18 @@ class Estimate:
         return {"chip": self.chip, "time_s": self.time_s, "ok": self.ok, "calls": [c.to_dict() for c in self.calls]}
 
 
-def block_fetches(op: Operand, grid: Sequence[int], order: Sequence[int] | None = None) -> tuple[int, str]:
-    """How many times the pipeline transfers this operand's block over the grid (in `order`, outermost first)."""
+def block_fetches(
+    op: Operand, grid: Sequence[int], order: Sequence[int] | None = None, prefetch: Sequence[Any] | None = None
+) -> tuple[int, str]:
+    """How many times the pipeline transfers this operand's block over the grid (in `order`, outermost first).
+    A non-affine map is evaluated at every step ("enumerated"; "data" when it reads the scalar-prefetch tables
+    `prefetch`); without the tables a data-dependent map counts a fetch whenever an axis it depends on moves."""
     axes = list(order) if order is not None else list(range(len(grid)))
     steps = math.prod(grid) if grid else 1
     im = op.index_map
+    evaluated = evaluated_fetches(op, grid, order, prefetch)
+    if evaluated is not None:
+        return evaluated
     if im.affine is None and im.fn is not None and not im.data_dependent and steps <= MAX_ENUMERATED_STEPS:
         return _enumerate_fetches(op, grid, axes), "enumerated"
     moving = {a for a in im.axes if grid[a] > 1}
@@ -157,7 +167,7 @@ def vmem_footprint(call: CallFacts, chip: Chip) -> int:
         if op.is_pipelined:
             # A block fetched once (one-step grid, or an index that never changes) has nothing to prefetch: the
             # compiler keeps a single buffer (measured with libtpu).
-            once = call.steps == 1 or block_fetches(op, call.grid)[0] == 1
+            once = call.steps == 1 or block_fetches(op, call.grid, prefetch=call.prefetch)[0] == 1
             buffers = 1 if once else (op.buffer_count or 2)
             total += buffers * padded_block_bytes(op, chip)
     # The compiler allocates one copy of the largest value a reduction consumes (softmax rows, attention scores).
@@ -207,9 +217,14 @@ def legality_problems(call: CallFacts, chip: Chip) -> list[str]:
 
 
 def _mxu_seconds(call: CallFacts, chip: Chip) -> float:
+    return dots_seconds(call.body.dots, chip)
+
+
+def dots_seconds(dots: Sequence[Dot], chip: Chip) -> float:
+    """MXU seconds of these matmuls (dims padded to the MXU and the native tile)."""
     total = 0.0
     align = chip.mxu_shape or 1
-    for d in call.body.dots:
+    for d in dots:
         sub = 8 if chip.is_gpu else chip.native_tile(d.lhs_dtype)[0]
         m, n, k = _pad(d.m, sub), _pad(d.n, align), _pad(d.k, align)
         widest = d.lhs_dtype if dtype_bytes(d.lhs_dtype) >= dtype_bytes(d.rhs_dtype) else d.rhs_dtype
@@ -251,7 +266,7 @@ def estimate_call(call: CallFacts, chip: Chip, order: Sequence[int] | None = Non
                 traffic.append(Traffic(op.name, 1, op.array_bytes, "manual-dma"))
                 notes.append(f"{op.name} is copied by hand (memory_space=ANY): counted as one pass over the array")
             continue
-        fetches, method = block_fetches(op, call.grid, order)
+        fetches, method = block_fetches(op, call.grid, order, call.prefetch)
         traffic.append(Traffic(op.name, fetches, fetches * op.block_bytes, method))
         if op.role == "in":
             first_bytes += op.block_bytes
@@ -260,13 +275,31 @@ def estimate_call(call: CallFacts, chip: Chip, order: Sequence[int] | None = Non
     total_bytes = sum(t.bytes for t in traffic)
     bw = chip.device_hbm_bw_bytes_s
     mxu = _mxu_seconds(call, chip)
-    vpu = call.body.vpu_elems * _lane_padding(call) / (chip.vpu_flops / chip.devices_per_chip)
-    eup = call.body.transcendental_elems * _lane_padding(call) / (chip.eup_ops / chip.devices_per_chip)
+    lane = _lane_padding(call)
+    vpu_rate, eup_rate = chip.vpu_flops / chip.devices_per_chip, chip.eup_ops / chip.devices_per_chip
+    vpu = call.body.vpu_elems * lane / vpu_rate
+    eup = call.body.transcendental_elems * lane / eup_rate
     compute_step = max(mxu, vpu + eup)
     split = _megacore_split(call, chip)
     cores = 2 if split else 1
     overhead_total = steps * chip.step_overhead_s / cores
     compute_total = steps * compute_step / cores
+    mxu_total, vpu_total, eup_total = mxu * steps / cores, vpu * steps / cores, eup * steps / cores
+    per_step = evaluated_compute(
+        call,
+        order,
+        (mxu, vpu, eup),
+        lambda dots: dots_seconds(dots, chip),
+        lambda elems: elems * lane / vpu_rate,
+        lambda elems: elems * lane / eup_rate,
+    )
+    if per_step is not None:
+        compute_total = per_step.compute_s / cores
+        mxu_total, vpu_total, eup_total = per_step.mxu_s / cores, per_step.vpu_s / cores, per_step.eup_s / cores
+        taken = ", ".join("/".join(f"{f:.2f}" for f in fr) for fr in per_step.fractions)
+        notes.append(f"pl.when branches evaluated per grid step (fraction of steps per branch: {taken})")
+    if call.prefetch_note and any(o.index_map.data_dependent for o in call.operands):
+        notes.append(call.prefetch_note)
     dma_total = total_bytes / bw
     edge = (first_bytes + last_bytes) / bw
     body_time = max(dma_total, compute_total + overhead_total)
@@ -305,9 +338,9 @@ def estimate_call(call: CallFacts, chip: Chip, order: Sequence[int] | None = Non
         steps=steps,
         flops=flops,
         bytes=total_bytes,
-        mxu_s=mxu * steps / cores,
-        vpu_s=vpu * steps / cores,
-        eup_s=eup * steps / cores,
+        mxu_s=mxu_total,
+        vpu_s=vpu_total,
+        eup_s=eup_total,
         dma_s=dma_total,
         overhead_s=overhead_total,
         edge_s=edge,

@@ -8,8 +8,10 @@ from typing import Any
 
 import jax
 import jax.extend.core
+import numpy as np
 
-from .facts import BodyStats, Dot, dtype_bytes
+from .facts import BodyStats, Branching, Dot, dtype_bytes
+from .steps import NotEvaluable, evaluate, slice_supported
 
 TRANSCENDENTAL = frozenset(
     {
@@ -91,7 +93,16 @@ def _subjaxprs(eqn: Any) -> Iterator[Any]:
                 yield item.jaxpr
 
 
-def _count_body(jaxpr: Any, multiplier: float, acc: dict[str, Any], grid: tuple[int, ...] = ()) -> None:
+def _count_body(
+    jaxpr: Any,
+    multiplier: float,
+    acc: dict[str, Any],
+    grid: tuple[int, ...] = (),
+    top: list[Branching] | None = None,
+    prefetch_refs: frozenset[Any] = frozenset(),
+) -> None:
+    """Add the work of `jaxpr` to `acc`. `top`: at the kernel's top level, where the Branching records of conds
+    whose predicate can be evaluated per grid step go (`prefetch_refs`: the kernel's scalar-prefetch refs)."""
     pids: dict[Any, set[int]] = {}  # vars derived from program_id, by grid axis (for pl.when weighting)
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
@@ -178,9 +189,67 @@ def _count_body(jaxpr: Any, multiplier: float, acc: dict[str, Any], grid: tuple[
                 _merge(acc, subs[-1], p)
                 if p < 1.0:
                     _merge(acc, subs[0], 1.0 - p)
+                if top is not None and multiplier == 1:
+                    record = _branching(jaxpr, eqn, p, grid, prefetch_refs)
+                    if record is not None:
+                        top.append(record)
         else:
             for sub in _subjaxprs(eqn):
                 _count_body(sub, multiplier, acc, grid)
+
+
+def _branching(
+    jaxpr: Any, eqn: Any, p: float, grid: tuple[int, ...], prefetch_refs: frozenset[Any]
+) -> Branching | None:
+    """The per-step record of a top-level cond (merged into the aggregate with weight p on its heaviest branch and
+    1 - p on its lightest), or None when its predicate is not scalar arithmetic on program ids and prefetch values."""
+    pred = eqn.invars[0]
+    if isinstance(pred, jax.extend.core.Literal) or not slice_supported(jaxpr, pred, prefetch_refs):
+        return None
+    works = []
+    for br in eqn.params["branches"]:
+        sub = _new_acc()
+        _count_body(br.jaxpr, 1, sub, grid)
+        works.append(sub)
+    weights = [_weight(s) for s in works]
+    assumed = [0.0] * len(works)
+    assumed[max(range(len(weights)), key=lambda b: weights[b])] += p  # ties: the same pick as the sort in _count_body
+    if p < 1.0:
+        assumed[min(range(len(weights)), key=lambda b: weights[b])] += 1.0 - p
+    n_branches, n_prefetch = len(works), len(prefetch_refs)
+
+    def select(pids: Any, grid: Any, prefetch: Any, _j: Any = jaxpr, _v: Any = pred) -> np.ndarray:
+        tables = list(prefetch) if prefetch is not None else [None] * n_prefetch
+        args = [*tables, *([None] * (len(_j.invars) - n_prefetch))]
+        (val,) = evaluate(_j, (), args, pids, grid, wanted=[_v])
+        return np.clip(np.asarray(val).astype(np.int64), 0, n_branches - 1)
+
+    return Branching(
+        branches=tuple(_stats(s) for s in works),
+        assumed=tuple(assumed),
+        uses_prefetch=not slice_supported(jaxpr, pred, frozenset()),
+        select=select,
+    )
+
+
+def _stats(acc: Mapping[str, Any]) -> BodyStats:
+    return BodyStats(
+        dots=tuple(acc["dots"]),
+        vpu_elems=int(acc["vpu"]),
+        transcendental_elems=int(acc["eup"]),
+        load_bytes=int(acc["load"]),
+        store_bytes=int(acc["store"]),
+    )
+
+
+def check_select(b: Branching, pids: Any, grid: Any, prefetch: Any) -> np.ndarray | None:
+    """The branch each step takes, or None when the predicate cannot be evaluated (e.g. no prefetch values)."""
+    if b.select is None or (b.uses_prefetch and prefetch is None):
+        return None
+    try:
+        return b.select(pids, grid, prefetch)
+    except NotEvaluable:
+        return None
 
 
 def _new_acc() -> dict[str, Any]:
@@ -298,10 +367,13 @@ def _dma_serialized(jaxpr: Any) -> bool:
     return False
 
 
-def body_stats(kernel_jaxpr: Any, grid: tuple[int, ...] = (), state_refs: int = 0) -> BodyStats:
-    """`state_refs`: how many trailing refs of the kernel persist across grid steps (its outputs and scratch)."""
+def body_stats(kernel_jaxpr: Any, grid: tuple[int, ...] = (), state_refs: int = 0, n_prefetch: int = 0) -> BodyStats:
+    """`state_refs`: how many trailing refs of the kernel persist across grid steps (its outputs and scratch);
+    `n_prefetch`: how many leading refs are scalar-prefetch tables."""
     acc = _new_acc()
-    _count_body(kernel_jaxpr, 1, acc, grid)
+    branchings: list[Branching] = []
+    refs = frozenset(kernel_jaxpr.invars[:n_prefetch])
+    _count_body(kernel_jaxpr, 1, acc, grid, branchings, refs)
     return BodyStats(
         dots=tuple(acc["dots"]),
         vpu_elems=int(acc["vpu"]),
@@ -317,4 +389,5 @@ def body_stats(kernel_jaxpr: Any, grid: tuple[int, ...] = (), state_refs: int = 
         max_temp_bytes=int(acc["temp"]),
         max_reduced_bytes=int(acc["reduced"]),
         dma_serialized=_dma_serialized(kernel_jaxpr),
+        branchings=tuple(branchings),
     )

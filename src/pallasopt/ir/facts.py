@@ -48,6 +48,11 @@ class IndexMap:
     # For a block dim that depends on several grid axes (a causal kv map: `select(on_diag, kv, 0)`), the axis whose
     # index it takes at most grid points, when one clearly does (the axis its block size tiles); None otherwise.
     walks: tuple[int | None, ...] = ()
+    # Vectorized evaluation (`ir/steps.py`): given each grid axis's index at every step and the scalar-prefetch
+    # tables (None when not materialized), each block dim's index at every step; raises `NotEvaluable`.
+    vfn: Callable[[Sequence[np.ndarray], Sequence[np.ndarray] | None], tuple[np.ndarray, ...]] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     @property
     def axes(self) -> tuple[int, ...]:
@@ -129,6 +134,22 @@ class Dot:
 
 
 @dataclass(frozen=True)
+class Branching:
+    """A top-level `pl.when` / `lax.cond` of the kernel body whose predicate is scalar arithmetic on program ids,
+    grid sizes and scalar-prefetch values, so each grid step's branch can be computed (`select`).
+
+    `branches[b]` is the work of branch b alone; `assumed[b]` the weight it was given in the body's aggregate counts
+    (`BodyStats.dots` etc.), so a per-step evaluation replaces `assumed` by the true fraction of steps."""
+
+    branches: tuple[BodyStats, ...]
+    assumed: tuple[float, ...]
+    uses_prefetch: bool
+    select: Callable[[Sequence[np.ndarray], Sequence[int], Sequence[np.ndarray] | None], np.ndarray] | None = field(
+        default=None, compare=False, repr=False
+    )
+
+
+@dataclass(frozen=True)
 class BodyStats:
     """Work the kernel body does in one grid step (from its jaxpr)."""
 
@@ -146,6 +167,7 @@ class BodyStats:
     max_temp_bytes: int = 0  # largest intermediate value in the body
     max_reduced_bytes: int = 0  # largest value a reduction consumes (the compiler keeps one copy in VMEM)
     dma_serialized: bool = False  # a manual copy is waited on right after it starts (no overlap with compute)
+    branchings: tuple[Branching, ...] = ()  # pl.when regions whose branch each grid step takes can be computed
 
     @property
     def mxu_flops(self) -> int:
@@ -175,6 +197,10 @@ class CallFacts:
     # Grid axes whose extent is only known at run time (a scalar the kernel computes, e.g. megablox's active tiles):
     # `grid` holds ceil(array / block) along them, the extent when no block is visited twice.
     dynamic_axes: tuple[int, ...] = ()
+    # Values of the scalar-prefetch operands, materialized from `make_inputs` when they are small integer tables
+    # (block masks, page indices, group sizes, lengths); None when not, and `prefetch_note` says why.
+    prefetch: tuple[np.ndarray, ...] | None = field(default=None, compare=False, repr=False)
+    prefetch_note: str = ""
     kernel_jaxpr_text: str = field(default="", compare=False, repr=False)
 
     @property

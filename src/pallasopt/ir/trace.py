@@ -17,6 +17,8 @@ from ..errors import KernelError, short
 from ..workload import Workload, user_line
 from .body import _subjaxprs, body_stats
 from .facts import CallFacts, IndexMap, Operand, Scratch
+from .prefetch import prefetch_values
+from .steps import NotEvaluable, evaluate, slice_supported
 
 
 def arg_structs(workload: Workload, dims: Mapping[str, int] | None = None) -> tuple[Any, ...]:
@@ -172,7 +174,31 @@ def _index_map(bm: Any, grid: tuple[int, ...], n_prefetch: int) -> IndexMap:
         affine = _fit_affine(evaluate, grid, deps)
     depends = tuple(tuple(sorted(d)) for d in deps)
     walks = _walked_axes(fn, grid, depends) if fn is not None and affine is None else ()
-    return IndexMap(affine=affine, depends_on=depends, data_dependent=data_dependent, text=text, fn=fn, walks=walks)
+    vfn = _vectorized(closed, grid) if affine is None else None
+    return IndexMap(
+        affine=affine, depends_on=depends, data_dependent=data_dependent, text=text, fn=fn, walks=walks, vfn=vfn
+    )
+
+
+def _vectorized(
+    closed: Any, grid: tuple[int, ...]
+) -> Callable[[Sequence[np.ndarray], Sequence[np.ndarray] | None], tuple[np.ndarray, ...]] | None:
+    """An evaluator of the index map at every grid step at once (`ir/steps.py`), when its jaxpr is scalar index
+    arithmetic (reads of scalar-prefetch tables included); None when it is not."""
+    jaxpr, n = closed.jaxpr, len(grid)
+    leaves = frozenset(jaxpr.invars)  # grid indices and prefetch refs
+    if not all(slice_supported(jaxpr, v, leaves) for v in jaxpr.outvars):
+        return None
+
+    def vfn(
+        pids: Sequence[np.ndarray], prefetch: Sequence[np.ndarray] | None, _j: Any = jaxpr, _c: Any = closed.consts
+    ) -> tuple[np.ndarray, ...]:
+        tables = list(prefetch) if prefetch is not None else [None] * (len(_j.invars) - n)
+        if len(tables) != len(_j.invars) - n:
+            raise NotEvaluable("scalar-prefetch tables do not match the index map's refs")
+        return tuple(evaluate(_j, _c, [*pids, *tables], pids, grid))
+
+    return vfn
 
 
 def _walked_axes(
@@ -288,8 +314,15 @@ def _grid_and_operands(gm: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple
     return grid, dynamic, _operands(gm, grid)
 
 
-def call_facts(eqn: Any, index: int, path: str, enclosing: tuple[Any, ...] = ()) -> CallFacts:
-    """The facts of one `pallas_call` equation (`enclosing`: the equations around it, outermost first)."""
+def call_facts(
+    eqn: Any,
+    index: int,
+    path: str,
+    enclosing: tuple[Any, ...] = (),
+    prefetch: tuple[tuple[np.ndarray, ...] | None, str] = (None, ""),
+) -> CallFacts:
+    """The facts of one `pallas_call` equation (`enclosing`: the equations around it, outermost first; `prefetch`:
+    the values of its scalar-prefetch operands, or None and why not)."""
     gm = eqn.params["grid_mapping"]
     grid, dynamic, operands = _grid_and_operands(gm)
     n_prefetch = int(gm.num_index_operands)
@@ -317,12 +350,14 @@ def call_facts(eqn: Any, index: int, path: str, enclosing: tuple[Any, ...] = ())
         dimension_semantics=semantics,
         vmem_limit_bytes=vmem,
         compiler_params=params,
-        body=body_stats(kernel, grid, len(operands) - n_in + len(scratch)),
+        body=body_stats(kernel, grid, len(operands) - n_in + len(scratch), n_prefetch),
         span=_span((*enclosing, eqn), path),
         library_site=_library_site(eqn, path),
         input_output_aliases=aliases,
         has_cost_estimate=eqn.params.get("cost_estimate") is not None,
         kernel_jaxpr_text=str(kernel),
+        prefetch=prefetch[0],
+        prefetch_note=prefetch[1],
     )
 
 
@@ -339,7 +374,10 @@ def trace_calls(workload: Workload, dims: Mapping[str, int] | None = None) -> tu
             ".ops.tpu.flash_attention), on this path: is it behind a Python branch?",
         )
     try:
-        return tuple(call_facts(c[-1], i, workload.path, c[:-1]) for i, c in enumerate(chains))
+        return tuple(
+            call_facts(c[-1], i, workload.path, c[:-1], prefetch_values(workload, dims, closed, c))
+            for i, c in enumerate(chains)
+        )
     except Exception as e:  # a JAX version whose internals moved: our bug, but say where
         raise KernelError(
             f"reading the traced pallas_call failed: {type(e).__name__}: {short(e)}",

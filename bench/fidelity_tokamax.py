@@ -1,0 +1,174 @@
+"""The model and compiler tiers against measured TPU times: tokamax's autotuning points and the Pallas tutorials.
+
+    python bench/fidelity_tokamax.py [--split validation] [--per-group 8] [--compile 0] [--out bench/results]
+
+For each sampled point (per device and op, the first `--per-group` in the file's order of the chosen split) it writes
+the kernel module that calls tokamax's Pallas kernel with the point's config (`fidelity_modules.py`), traces it and
+records the model tier (roofline, `estimate_calls`; the chip is the point's device), and for the first `--compile`
+points of a chip libtpu can target the compiler tier (`Tiers(chip).compiler`). Tutorial points
+(`fidelity_tutorials.json`) are run too. Writes `<out>/fidelity-tokamax-<date>.json`: per point model / compiler /
+measured (ms), and per family and device the median and p90 |error|, Spearman, and the ordering of config pairs of
+one problem that differ by > 15% in measured time. Needs the `fidelity` extra (tokamax); no TPU.
+
+The measured times are tokamax's XProf device times of the whole op (median of 5 runs); the tutorial times are host
+wall clock over 100 calls. The model tier costs the pallas_calls only (not XLA ops around them, e.g. the transposes
+tokamax's attention wraps around the splash kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "src"))
+
+from fidelity_data import Point, load_points, pair_agreement, split_table, summary  # noqa: E402
+from fidelity_modules import Unsupported, module_for  # noqa: E402
+
+CHIPS = {"tpu7x": "tpu7x", "tpu_v5_lite": "v5e"}
+OPS = ("pallas_mosaic_tpu_flash_attention", "pallas_mosaic_tpu_ragged_dot")
+TUTORIALS = ROOT / "bench" / "fidelity_tutorials.json"
+
+
+def run_point(source: str, path: str, chip_name: str, compile_: bool) -> dict[str, Any]:
+    from pallasopt.cost_model.hardware import get_chip
+    from pallasopt.cost_model.roofline import estimate_calls
+    from pallasopt.ir.kernel_ir import KernelIR
+
+    t0 = time.time()
+    ir = KernelIR.from_source(source, path)
+    chip = get_chip(chip_name)
+    est = estimate_calls(ir.calls, chip)
+    row: dict[str, Any] = {
+        "model_ms": est.time_s * 1e3,
+        "model_ok": est.ok,
+        "calls": [
+            {
+                "grid": list(c.grid),
+                "bound": e.bound,
+                "prefetch": c.prefetch_note,
+                "notes": list(e.notes),
+                **{k: getattr(e, k) * 1e3 for k in ("mxu_s", "vpu_s", "eup_s", "dma_s", "overhead_s", "edge_s")},
+            }
+            for c, e in zip(ir.calls, est.calls, strict=True)
+        ],
+        "trace_s": round(time.time() - t0, 2),
+    }
+    if compile_:
+        from pallasopt.search.tiers import Tiers
+
+        t1 = time.time()
+        r = Tiers(chip, compile_timeout_s=300).compiler(ir)
+        row["compiler_ms"] = r.time_s * 1e3 if r is not None and r.time_s is not None else None
+        row["compiler_note"] = "" if r is None else r.detail
+        row["compile_s"] = round(time.time() - t1, 1)
+    return row
+
+
+def tutorial_rows(compile_: bool) -> list[dict[str, Any]]:
+    rows = []
+    for t in json.loads(TUTORIALS.read_text())["points"]:
+        if "module" not in t:
+            continue
+        path = ROOT / t["module"]
+        try:
+            row = run_point(path.read_text(), str(path), t["chip"], compile_)
+        except Exception as e:  # one bad point never stops the bench
+            row = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+        rows.append({"source": "tutorial", "name": t["name"], "family": t["family"], "device": t["chip"],
+                     "split": "validation", "measured_ms": t["measured_ms"], "tier": t["tier"], **row})
+    return rows
+
+
+def sample(points: list[Point], split: str, per_group: int) -> list[Point]:
+    groups: dict[tuple[str, str], list[Point]] = defaultdict(list)
+    for p in points:
+        if p.device in CHIPS and (split == "all" or p.split == split):
+            groups[(p.device, p.op)].append(p)
+    out = []
+    for key in sorted(groups):
+        taken = 0
+        for p in groups[key]:
+            try:
+                module_for(p)
+            except Unsupported:
+                continue
+            out.append(p)
+            taken += 1
+            if taken >= per_group:
+                break
+    return out
+
+
+def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r.get("model_ms"):
+            by[f"{r['family']}/{r['device']}/{r['split']}"].append(r)
+    out = {}
+    for key, rs in sorted(by.items()):
+        entry: dict[str, Any] = {"model": summary([r["model_ms"] for r in rs], [r["measured_ms"] for r in rs])}
+        comp = [r for r in rs if r.get("compiler_ms")]
+        entry["compiler"] = summary([r["compiler_ms"] for r in comp], [r["measured_ms"] for r in comp])
+        problems: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for r in rs:
+            problems[r.get("key", r.get("name", ""))].append((r["model_ms"], r["measured_ms"]))
+        agree, pairs = pair_agreement(list(problems.values()))
+        entry["config_pairs_over_15pct"] = {"agree": agree, "pairs": pairs}
+        out[key] = entry
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--split", default="validation", choices=("train", "validation", "all"))
+    ap.add_argument("--per-group", type=int, default=8, help="points per (device, op)")
+    ap.add_argument("--compile", type=int, default=0, help="compiler-tier points per (device, op), v5e only")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--write-split", action="store_true", help="rewrite bench/fidelity_split.json and exit")
+    args = ap.parse_args(argv)
+    points, notes = load_points()
+    if args.write_split:
+        (ROOT / "bench" / "fidelity_split.json").write_text(json.dumps(split_table(points), indent=1) + "\n")
+        return 0
+    chosen = sample([p for p in points if p.op in OPS], args.split, args.per_group)
+    rows = tutorial_rows(compile_=args.compile > 0)
+    compiled: dict[tuple[str, str], int] = defaultdict(int)
+    for p in chosen:
+        compile_ = CHIPS[p.device] == "v5e" and compiled[(p.device, p.op)] < args.compile
+        compiled[(p.device, p.op)] += compile_
+        digest = hashlib.sha256(f"{p.key}/{p.config}".encode()).hexdigest()[:10]
+        base = {"source": "tokamax", "family": p.family, "device": p.device, "op": p.op, "split": p.split,
+                "key": p.key, "config": p.config, "measured_ms": p.measured_ms, "tier": "measured (tokamax XProf)"}
+        try:
+            row = run_point(module_for(p), f"/tmp/pallasopt_fidelity/{p.op}_{digest}.py", CHIPS[p.device], compile_)
+        except Exception as e:
+            row = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+        rows.append({**base, **row})
+        print(f"{p.device} {p.family} measured {p.measured_ms:.3f} ms model {row.get('model_ms', float('nan')):.3f} "
+              f"compiler {row.get('compiler_ms')} {row.get('error', '')[:120]}", flush=True)
+    result = {
+        "date": dt.date.today().isoformat(),
+        "command": "python bench/fidelity_tokamax.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "notes": notes,
+        "summary": aggregate(rows),
+        "points": rows,
+    }
+    out = Path(args.out) / f"fidelity-tokamax-{result['date']}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result["summary"], indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

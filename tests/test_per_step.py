@@ -1,0 +1,219 @@
+"""Per-grid-step evaluation in the roofline model: `pl.when` branches and index maps evaluated on every grid point,
+with scalar-prefetch tables materialized from `make_inputs` (no compiler, no TPU).
+
+Expected counts are worked out by hand in each test. Before per-step evaluation the model weighted a `pl.when` on
+program ids by 1 / (largest grid extent it reads) and counted a data-dependent block as fetched at every step.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from pallasopt.cost_model.hardware import get_chip
+from pallasopt.cost_model.roofline import estimate_call
+from pallasopt.ir.facts import CallFacts
+from pallasopt.ir.kernel_ir import KernelIR
+from pallasopt.ir.steps import NotEvaluable, evaluate, fetch_count, grid_indices
+
+V5E = get_chip("v5e")
+
+HEADER = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+"""
+
+# Causal attention-like loop: grid (q blocks, kv blocks) = (4, 4); the score matmul runs only where kv <= q (SKIP),
+# and the kv block index is clamped to the diagonal (CLAMP), so skipped steps keep the block they already hold.
+CAUSAL = (
+    HEADER
+    + """
+def kernel(q_ref, k_ref, o_ref):
+    i, j = pl.program_id(0), pl.program_id(1)
+
+    @pl.when(j == 0)
+    def _init():
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    def step():
+        o_ref[...] += jnp.dot(q_ref[...], k_ref[...].T, preferred_element_type=jnp.float32)
+
+    if SKIP:
+        pl.when(j <= i)(step)
+    else:
+        step()
+
+
+def causal(q, k):
+    s = q.shape[0]
+    return pl.pallas_call(
+        kernel,
+        grid=(s // 128, s // 128),
+        in_specs=[
+            pl.BlockSpec((128, 128), lambda i, j: (i, 0)),
+            pl.BlockSpec((128, 128), lambda i, j: (jnp.minimum(i, j) if CLAMP else j, 0)),
+        ],
+        out_specs=pl.BlockSpec((128, 128), lambda i, j: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((s, 128), jnp.float32),
+    )(q, k)
+
+
+def reference(q, k):
+    return jnp.dot(q, k.T, preferred_element_type=jnp.float32)
+
+
+def make_inputs(key, S=512):
+    kq, kk = jax.random.split(key)
+    return (
+        jax.random.normal(kq, (S, 128), jnp.float32).astype(jnp.bfloat16),
+        jax.random.normal(kk, (S, 128), jnp.float32).astype(jnp.bfloat16),
+    )
+"""
+)
+
+# Block-sparse matmul (the pattern of the Pallas TPU sparse tutorial): a checkerboard block mask over (row block i,
+# k block kk) of a 4x4 grid, half the blocks zero. `mask` gates the matmul; `pin` maps a skipped block to the block
+# its row keeps (the previous valid one), so a skipped step fetches nothing. Both are scalar-prefetch tables that
+# make_inputs builds with jnp (no randomness).
+SPARSE = (
+    HEADER
+    + """
+def kernel(mask_ref, pin_ref, x_ref, y_ref, o_ref):
+    i, kk = pl.program_id(0), pl.program_id(1)
+
+    @pl.when(kk == 0)
+    def _init():
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    @pl.when(mask_ref[i, kk] != 0)
+    def _acc():
+        o_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+
+def sparse(mask, pin, x, y):
+    m, k = x.shape
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=(m // 128, k // 128),
+        in_specs=[
+            pl.BlockSpec((128, 128), lambda i, kk, mask, pin: (i, pin[i, kk])),
+            pl.BlockSpec((128, 128), lambda i, kk, mask, pin: (pin[i, kk], 0)),
+        ],
+        out_specs=pl.BlockSpec((128, 128), lambda i, kk, mask, pin: (i, 0)),
+    )
+    return pl.pallas_call(kernel, grid_spec=spec, out_shape=jax.ShapeDtypeStruct((m, 128), jnp.float32))(
+        mask, pin, x, y
+    )
+
+
+def reference(mask, pin, x, y):
+    dense = jnp.repeat(jnp.repeat(mask, 128, 0), 128, 1).astype(x.dtype) * x
+    return jnp.dot(dense, y, preferred_element_type=jnp.float32)
+
+
+def make_inputs(key, M=512, K=512):
+    kx, ky = jax.random.split(key)
+    rows, cols = jnp.arange(M // 128)[:, None], jnp.arange(K // 128)[None, :]
+    valid = (rows + cols) % 2 == 0
+    pin = jnp.where(valid, cols, jnp.where(cols == 0, 1, cols - 1)).astype(jnp.int32)
+    return (
+        valid.astype(jnp.int32),
+        pin,
+        jax.random.normal(kx, (M, K), jnp.float32).astype(jnp.bfloat16),
+        jax.random.normal(ky, (K, 128), jnp.float32).astype(jnp.bfloat16),
+    )
+"""
+)
+
+
+@functools.cache
+def traced(source: str) -> CallFacts:
+    (call,) = KernelIR.from_source(source, "<test>.py").calls
+    return call
+
+
+def causal(skip: bool, clamp: bool) -> CallFacts:
+    return traced(CAUSAL.replace("SKIP", str(skip)).replace("CLAMP", str(clamp)))
+
+
+def fetches(call: CallFacts) -> dict[str, tuple[int, str]]:
+    return {t.operand: (t.fetches, t.method) for t in estimate_call(call, V5E).traffic}
+
+
+def test_causal_skip_charges_the_matmul_on_the_lower_triangle_only() -> None:
+    full = estimate_call(causal(skip=False, clamp=False), V5E)
+    skipped = estimate_call(causal(skip=True, clamp=False), V5E)
+    # kv <= q holds on 4 + 3 + 2 + 1 = 10 of the 16 steps (the old 1/extent weighting gave 4 of 16).
+    assert skipped.mxu_s == pytest.approx(full.mxu_s * 10 / 16)
+    assert any("evaluated per grid step" in n for n in skipped.notes)
+    # Step overhead is paid on every step, skipped or not.
+    assert skipped.overhead_s == pytest.approx(full.overhead_s)
+
+
+def test_clamped_kv_map_does_not_refetch_on_skipped_steps() -> None:
+    # kv block min(q, kv) over q = 0..3, kv = 0..3: 0000 0111 0122 0123, a new block 9 times (16 unclamped).
+    assert fetches(causal(skip=True, clamp=True))["in1"] == (9, "enumerated")
+    assert fetches(causal(skip=True, clamp=False))["in1"] == (16, "closed-form")
+
+
+def test_block_sparse_tables_are_materialized_and_evaluated() -> None:
+    call = traced(SPARSE)
+    assert call.prefetch is not None, call.prefetch_note
+    mask, pin = call.prefetch
+    assert mask.tolist() == [[1, 0, 1, 0], [0, 1, 0, 1], [1, 0, 1, 0], [0, 1, 0, 1]]
+    assert pin.tolist()[:2] == [[0, 0, 2, 2], [1, 1, 1, 3]]
+    # Each row fetches 2 distinct x blocks and 2 distinct y blocks (pinned runs 0,0,2,2 / 1,1,1,3): 8, not 16.
+    got = fetches(call)
+    assert got["in0"] == (8, "data") and got["in1"] == (8, "data")
+    # Half the steps run the matmul: the MXU time is half of a dense 512x512x128 matmul's 16 block products.
+    dense_block = 2 * 128 * 128 * 128 / V5E.device_peak_flops("bfloat16")
+    assert estimate_call(call, V5E).mxu_s == pytest.approx(8 * dense_block)
+
+
+def test_without_tables_the_model_says_so_and_keeps_the_closed_form() -> None:
+    import dataclasses
+
+    call = dataclasses.replace(traced(SPARSE), prefetch=None, prefetch_note="scalar-prefetch values not known")
+    got = fetches(call)
+    assert got["in0"] == (16, "structural")
+    assert "scalar-prefetch values not known" in estimate_call(call, V5E).notes
+
+
+def test_grid_indices_visit_the_last_axis_fastest_and_follow_an_order() -> None:
+    i, j = grid_indices((2, 3))
+    assert i.tolist() == [0, 0, 0, 1, 1, 1] and j.tolist() == [0, 1, 2, 0, 1, 2]
+    i, j = grid_indices((2, 3), order=(1, 0))
+    assert i.tolist() == [0, 1, 0, 1, 0, 1] and j.tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_fetch_count_counts_changes_of_any_block_dim() -> None:
+    assert fetch_count([np.array([0, 0, 1, 1]), np.array([0, 1, 1, 1])]) == 3
+    assert fetch_count([np.array([2, 2, 2])]) == 1
+
+
+def test_interpreter_refuses_what_it_does_not_model() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    closed = jax.make_jaxpr(lambda i: jnp.sin(i.astype(jnp.float32)))(np.int32(0))
+    with pytest.raises(NotEvaluable):
+        evaluate(closed.jaxpr, closed.consts, [np.arange(3, dtype=np.int32)])
+    # lax.div / lax.rem truncate toward zero, unlike numpy's floor division.
+    closed = jax.make_jaxpr(lambda i: (jax.lax.div(i, 2), jax.lax.rem(i, 2)))(np.int32(0))
+    q, r = evaluate(closed.jaxpr, closed.consts, [np.array([-3, 3], dtype=np.int32)])
+    assert q.tolist() == [-1, 1] and r.tolist() == [-1, 1]
+
+
+def test_a_table_computed_from_a_float_input_is_not_materialized() -> None:
+    src = SPARSE.replace(
+        "    return pl.pallas_call(kernel, grid_spec=spec",
+        "    mask = (x[::128, ::128] > 100).astype(jnp.int32)\n    return pl.pallas_call(kernel, grid_spec=spec",
+    )
+    call = traced(src)
+    assert call.prefetch is None
+    assert "entry input 2" in call.prefetch_note and "not an integer array" in call.prefetch_note
+    assert fetches(call)["in0"] == (16, "structural")
