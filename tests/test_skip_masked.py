@@ -152,15 +152,18 @@ def test_declines(example_irs) -> None:
 
 
 def test_cost_model_sees_the_skip() -> None:
-    """The roofline model fetches a clamped kv block only when its index changes: S=512 in blocks of 128 with a
-    window of 192 needs key blocks {0}, {0,1}, {0,1,2}, {1,2,3} per query block, 8 transfers per head instead of 16
-    (a row's first block repeats the previous row's last where they agree). The MXU work of the skipped steps drops
-    too (how much depends on how the model weights a `pl.when` on program ids)."""
-    from pallasopt.cost_model.roofline import block_fetches
+    """The roofline model charges no MXU time and no fetch on skipped steps. S=512 in blocks of 128 with a window of
+    192 needs key blocks {0}, {0,1}, {0,1,2}, {1,2,3} per query block: 9 of 16 steps compute, and the clamped kv
+    block is transferred 8 times per head instead of 16 (a row's first block repeats the previous row's last where
+    they agree)."""
+    from pallasopt.cost_model.roofline import block_fetches, estimate_call
 
     ir = KernelIR.from_file(TEST_KERNELS / "sliding_window_attention.py")
     new = apply(ir, "skip-masked-blocks")
     before, after = ir.calls[0], new.calls[0]
     assert [block_fetches(o, before.grid)[0] for o in before.inputs] == [8, 32, 32]
     assert [block_fetches(o, after.grid)[0] for o in after.inputs] == [8, 16, 16]
-    assert after.body.mxu_flops < before.body.mxu_flops
+    chip = get_chip("v5e")
+    e0, e1 = estimate_call(before, chip), estimate_call(after, chip)
+    assert [t.fetches for t in e1.traffic] == [8, 16, 16, 8]
+    assert e1.mxu_s / e0.mxu_s == pytest.approx(9 / 16)
