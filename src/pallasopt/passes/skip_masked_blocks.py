@@ -37,7 +37,8 @@ def candidate(call: CallFacts) -> bool:
     """Cheap screen from the traced facts: an iota-built select and a reduction axis no output moves along."""
     prims = set(call.body.primitives)
     return (
-        not call.body.has_dma
+        call.library_site is None  # a library's kernel body is not this file's to rewrite
+        and not call.body.has_dma
         and "iota" in prims
         and bool(prims & {"select_n", "select"})
         and bool(_reduction_axes(call))
