@@ -126,18 +126,27 @@ def test_sliding_window_gets_both_bounds_and_stays_correct() -> None:
     assert r.ok, r.message
 
 
-def test_offset_from_partial_skips_compute_but_cannot_clamp() -> None:
+def test_offset_bound_with_partial_reaches_the_index_maps() -> None:
     path = TEST_KERNELS / "causal_offset_attention.py"
     ir = KernelIR.from_file(path)
-    with pytest.raises(PassNotApplicable, match="q_offset"):
-        apply(ir, "skip-masked-blocks")
-    new = apply(ir, "skip-masked-blocks{clamp=false}")
+    new = apply(ir, "skip-masked-blocks")
     got = added(ir.source, new.source)
     assert "pid0 = pl.program_id(0)" in got and "pid1 = pl.program_id(1)" in got
     assert "@pl.when(pid0 * TQ - pid1 * TK + q_offset + TQ - 1 >= 0)" in got
     assert "q_pos = q_offset + pid0 * TQ + lax.broadcasted_iota(jnp.int32, s.shape, 0)" in got
+    # `q_offset=sk - sq` is bound by functools.partial in the function that writes the index maps
+    clamp = "lambda i, j: (jnp.maximum(jnp.minimum(j, (i * TQ + (sk - sq) + TQ - 1) // TK), 0), 0)"
+    assert sum(clamp in line for line in got) == 2, got
+    kv = new.calls[0].inputs[1].index_map  # Sq=256, Sk=512: query block 0 sits at keys 256..383
+    assert [kv.block_index((0, j))[0] for j in range(4)] == [0, 1, 2, 2]
     (r,) = check_many([new.source], str(path))
     assert r.ok, r.message
+
+
+def test_mask_reading_a_ref_cannot_clamp() -> None:
+    ce = KernelIR.from_file(BENCH / "llm_linear_cross_entropy.py")
+    with pytest.raises(PassNotApplicable, match="index maps cannot see"):
+        apply(ce, "skip-masked-blocks")
 
 
 def test_declines(example_irs) -> None:

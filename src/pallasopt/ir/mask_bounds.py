@@ -88,6 +88,22 @@ class Mask:
             return (self.leaf,)
         return tuple(c for p in self.parts for c in p.constraints())
 
+    def substituted(self, values: Mapping[str, str]) -> Mask:
+        """The mask with constant (and coefficient) terms that are exactly a name in `values` replaced by its text."""
+
+        def sub(t: str) -> str:
+            return values.get(t, t)  # the sum and product writers parenthesize compound texts
+
+        if self.leaf is not None:
+            f = self.leaf.form
+            form = replace(
+                f,
+                pids=tuple((a, s, sub(c)) for a, s, c in f.pids),
+                consts=tuple((s, sub(t)) for s, t in f.consts),
+            )
+            return replace(self, leaf=Constraint(form))
+        return replace(self, parts=tuple(p.substituted(values) for p in self.parts))
+
     @property
     def conjunctive(self) -> bool:
         return self.op != "or" and all(p.conjunctive for p in self.parts)

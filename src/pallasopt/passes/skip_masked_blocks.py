@@ -18,10 +18,13 @@ from ..ir.matchers import (
     Located,
     blockspec_parts,
     code,
+    enclosing_function,
     find_call_node,
+    free_names,
     jnp_alias,
     kernel_function,
     pl_alias,
+    resolve,
     spec_nodes,
 )
 from .base import Pass
@@ -271,6 +274,15 @@ def _wrap(a: _Analysis, pl: str) -> cst.FunctionDef:
     return a.kernel.with_changes(body=a.kernel.body.with_changes(body=new_body))
 
 
+def _partial_keywords(loc: Located, node: cst.Call) -> dict[str, cst.BaseExpression]:
+    """The keywords of a `functools.partial(kernel, k=v, ...)` the pallas_call runs (through local names)."""
+    first = node.args[0].value if node.args and node.args[0].keyword is None else None
+    first = resolve(loc, node, first)
+    if not (isinstance(first, cst.Call) and _is_call(first, "partial")):
+        return {}
+    return {arg.keyword.value: arg.value for arg in first.args if arg.keyword is not None}
+
+
 def _sign(text: str, namespace: dict[str, Any]) -> int | None:
     v = static_value(text, namespace)
     return (v > 0) - (v < 0) if isinstance(v, int) else None
@@ -290,7 +302,14 @@ def _clamp_index_maps(
     params = {p.name.value for p in a.kernel.params.params} | {p.name.value for p in a.kernel.params.kwonly_params}
     free = set().union(*(c.form.names for c in a.mask.constraints()))
     local = sorted(n for n in free if n in params or n not in namespace)
+    # a keyword the wrapper binds with functools.partial (`q_offset=sk - sq`) is visible to index maps written in
+    # the same function: its value text replaces the name there
+    bound = {n: v for n, v in _partial_keywords(loc, node).items() if n in local}
+    home = enclosing_function(loc, node)
+    local = [n for n in local if n not in bound]
     check(not local, f"the mask reads {local}, which the index maps cannot see (make them module constants)")
+    mask = a.mask.substituted({n: code(v) for n, v in bound.items()})
+    bound_free = set().union(set(), *(free_names(v) for v in bound.values()))
     specs = spec_nodes(loc, node)
     movers = [o for o in facts.inputs if o.is_pipelined and a.axis in o.index_map.axes]
     check(bool(movers), "no blocked input moves along the skipped axis")
@@ -303,22 +322,27 @@ def _clamp_index_maps(
             continue
         done.add(id(spec))
         _shape, lam = blockspec_parts(spec)
+        if bound and isinstance(lam, cst.Lambda):
+            check(
+                enclosing_function(loc, lam) is home and home is not None,
+                f"input {op.position}'s index map is not written in the function that binds {sorted(bound)}",
+            )
+            shadow = bound_free & {p.name.value for p in lam.params.params}
+            check(not shadow, f"input {op.position}'s index map parameters shadow {sorted(shadow)}")
         check(isinstance(lam, cst.Lambda), f"input {op.position}'s index map is not a lambda")
         assert isinstance(lam, cst.Lambda)
         check(
             len(lam.params.params) >= len(facts.grid),
             f"input {op.position}'s index map takes fewer than {len(facts.grid)} indices",
         )
-        edits[lam] = _clamped(lam, a, namespace, pl, jnp)
+        edits[lam] = _clamped(lam, a.axis, mask, namespace, pl, jnp)
 
 
-def _clamped(lam: cst.Lambda, a: _Analysis, namespace: dict[str, Any], pl: str, jnp: str) -> cst.Lambda:
+def _clamped(lam: cst.Lambda, axis: int, mask: Mask, namespace: dict[str, Any], pl: str, jnp: str) -> cst.Lambda:
     """`lam` with its index along the skipped axis clamped into the needed range of blocks for its row."""
     names = [p.name.value for p in lam.params.params]
-    j = names[a.axis]
-    bounds = [
-        bound_on_axis(c, a.axis, lambda t: _sign(t, namespace), lambda ax: names[ax]) for c in a.mask.constraints()
-    ]
+    j = names[axis]
+    bounds = [bound_on_axis(c, axis, lambda t: _sign(t, namespace), lambda ax: names[ax]) for c in mask.constraints()]
     los = [b[1] for b in bounds if b is not None and b[0] == "lo"]
     his = [b[1] for b in bounds if b is not None and b[0] == "hi"]
     check(bool(los or his), "cannot solve the mask for a range of blocks along the skipped axis")
@@ -331,7 +355,7 @@ def _clamped(lam: cst.Lambda, a: _Analysis, namespace: dict[str, Any], pl: str, 
     if his:
         expr = f"{jnp}.maximum({expr}, 0)"
     if los:
-        expr = f"{jnp}.minimum({expr}, {pl}.num_programs({a.axis}) - 1)"
+        expr = f"{jnp}.minimum({expr}, {pl}.num_programs({axis}) - 1)"
     new_index = cst.parse_expression(expr)
 
     class Sub(cst.CSTTransformer):
