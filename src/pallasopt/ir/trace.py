@@ -6,6 +6,7 @@ Nothing is run: inputs are `jax.eval_shape` structs, the entry goes through `jax
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -239,6 +240,8 @@ def _fit_affine(
         rows = tuple((*tuple(cols[a][d] for a in range(n)), base[d]) for d in range(len(base)))
         rng = np.random.default_rng(0)
         probes = [[g - 1 for g in grid]] + [[int(rng.integers(0, g)) for g in grid] for _ in range(3)]
+        if n <= 6:  # every corner of the grid: where a clamp bites (a causal map clamped to the diagonal at i=0)
+            probes += [list(c) for c in itertools.product(*((0, g - 1) if g > 1 else (0,) for g in grid))]
         for p in probes:
             want = tuple(sum(c * i for c, i in zip(r[:-1], p, strict=True)) + r[-1] for r in rows)
             if f(p) != want:

@@ -16,6 +16,7 @@ from .grid_order import GridOrderPass
 from .layout import LayoutPass
 from .llm_rewrite import LLMRewritePass
 from .single_buffer import SingleBufferPass
+from .skip_masked_blocks import SkipMaskedBlocksPass
 from .tile import TilePass
 from .vmem_limit import VmemLimitPass
 
@@ -27,6 +28,7 @@ PASSES: tuple[type[Pass], ...] = (
     GridOrderPass,
     AccumulateInScratchPass,
     DmaOverlapPass,
+    SkipMaskedBlocksPass,
     FusePass,
     LayoutPass,
     CostEstimatePass,
