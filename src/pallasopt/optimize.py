@@ -19,6 +19,7 @@ from .config import SearchConfig, read_env
 from .cost_model.hardware import Chip, UnknownTarget, get_chip
 from .db.store import KernelDB, default_path
 from .errors import EnvironmentProblem, KernelError, UsageError
+from .executors import Executor, make_executor
 from .ir.kernel_ir import KernelIR
 from .ir.library import untunable_notes
 from .outputs import write_atomic  # bench imports it from here too
@@ -207,7 +208,9 @@ def optimize(
     use_compiler: bool = True,
     resume: bool = False,
     fresh: bool = False,
-    jobs: int = 2,
+    jobs: int | None = None,
+    executor: str | Executor = "local",
+    ray_address: str | None = None,
     report_dir: str | os.PathLike[str] | None = None,
     progress: Callable[[str, dict[str, Any]], None] | None = None,
     evaluator: Evaluator | None = None,
@@ -221,6 +224,11 @@ def optimize(
     Writes the optimized module to `output` (default `<stem>.opt.py` beside the kernel; never the input unless
     `in_place`). Every evaluation goes to the kernel database (`db_path`, default `.pallasopt/kernels.db` beside the
     kernel), so a repeated run is served from it and `resume=True` continues an interrupted one.
+
+    `executor`: where compiles, checks and timings run: "local" (child processes of this host), "ray" (tasks of
+    the Ray cluster at `ray_address`, else RAY_ADDRESS, else a local Ray instance for this run), or an `Executor`
+    the caller owns (bench shares one between searches). `jobs`: evaluations in flight at once (default 2 locally,
+    the cluster's CPUs on Ray). The database stays here: workers only return records.
     """
     start = time.perf_counter()
     text = str(path_or_source)
@@ -233,6 +241,71 @@ def optimize(
     else:
         raise KernelError("no such file", path=text, hint="pass a kernel module path or its source text")
     chip = resolve_target(target)
+    env = read_env()
+    with contextlib.ExitStack() as owned:
+        if isinstance(executor, str):
+            executor = make_executor(executor, ray_address or (env.ray_address if executor == "ray" else None))
+            owned.callback(executor.close)
+        jobs = jobs if jobs is not None else (2 if executor.name == "local" else executor.slots())
+        return _optimize(
+            base,
+            kernel_path,
+            chip,
+            env,
+            executor,
+            beam=beam,
+            depth=depth,
+            output=output,
+            in_place=in_place,
+            db_path=db_path,
+            passes=passes,
+            seed=seed,
+            budget_seconds=budget_seconds,
+            max_candidates=max_candidates,
+            use_compiler=use_compiler,
+            resume=resume,
+            fresh=fresh,
+            jobs=jobs,
+            report_dir=report_dir,
+            progress=progress,
+            evaluator=evaluator,
+            write_output=write_output,
+            llm=llm,
+            llm_max_requests=llm_max_requests,
+            llm_client=llm_client,
+            start=start,
+        )
+
+
+def _optimize(
+    base: KernelIR,
+    kernel_path: Path,
+    chip: Chip,
+    env: Any,
+    executor: Executor,
+    *,
+    beam: int,
+    depth: int,
+    output: str | os.PathLike[str] | None,
+    in_place: bool,
+    db_path: str | os.PathLike[str] | None,
+    passes: Sequence[str],
+    seed: int,
+    budget_seconds: float | None,
+    max_candidates: int | None,
+    use_compiler: bool,
+    resume: bool,
+    fresh: bool,
+    jobs: int,
+    report_dir: str | os.PathLike[str] | None,
+    progress: Callable[[str, dict[str, Any]], None] | None,
+    evaluator: Evaluator | None,
+    write_output: bool,
+    llm: bool,
+    llm_max_requests: int,
+    llm_client: Any,
+    start: float,
+) -> Result:
     config = SearchConfig(
         beam=beam,
         depth=depth,
@@ -247,7 +320,6 @@ def optimize(
     if beam < 1 or depth < 0:
         raise UsageError("--beam must be >= 1 and --depth >= 0")
     selected = select_passes(passes)
-    env = read_env()
     if llm and llm_client is None and not env.anthropic_api_key:
         raise EnvironmentProblem("--llm needs ANTHROPIC_API_KEY", hint="export it, or drop --llm")
     db_file = Path(db_path) if db_path else (env.db_path or default_path(kernel_path))
@@ -269,7 +341,7 @@ def optimize(
                 _write_output(out_path, result.source, kernel_path, in_place)
             return result
         run_id = db.start_run(wid, key)
-        inner = evaluator or Tiers(chip, use_compiler=use_compiler)
+        inner = evaluator or Tiers(chip, use_compiler=use_compiler, executor=executor)
         cached = CachedEvaluator(inner, db, wid, chip.name)
         try:
             with contextlib.ExitStack() as stack:
