@@ -111,6 +111,16 @@ def add_executor_options(p: Any) -> None:
     )
 
 
+def check_executor(args: argparse.Namespace) -> None:
+    """Before any work: --ray-address without --executor ray, or Ray missing for it, is one line."""
+    if args.ray_address and args.executor != "ray":
+        raise UsageError("--ray-address needs --executor ray")
+    if args.executor == "ray":
+        from .executors.ray_cluster import require_ray
+
+        require_ray()
+
+
 def _add_replay(sub: Any) -> None:
     p = sub.add_parser("replay", help="re-apply a recipe (comma-separated pass specs) to a kernel")
     p.add_argument("file")
@@ -264,6 +274,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from .report.progress import RunDisplay
 
     names = tuple(n.strip() for n in args.passes.split(",") if n.strip())
+    check_executor(args)
     read_file(args.file)  # a missing kernel is named before its outputs are
     check_run_outputs(args)  # before the search: a run must not end with nowhere to write
     load_guarded(args.file, args.load_timeout)

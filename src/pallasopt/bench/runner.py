@@ -230,6 +230,9 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         console.print("wrote " + ", ".join(str(p) for p in paths.values()))
         return ExitCode.OK
 
+    from ..commands import check_executor
+
+    check_executor(args)
     external = bool(args.jaxbench or args.maxkernel)
     chip = resolve_target(args.target or ("v6e" if args.jaxbench else "v5e"))
     beam, depth = QUICK_SEARCH if args.quick else SUITE_SEARCH

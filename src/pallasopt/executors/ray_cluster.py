@@ -20,14 +20,18 @@ GRACE_S = 60.0  # beyond a job's own limit: the guard's kill, the reply's trip b
 QUEUE_S = 3600.0  # how long a job may wait for a free slot of the cluster before it is given up
 
 
-def import_ray() -> Any:
-    """Ray, or one line naming the extra to install (exit 4)."""
+def require_ray() -> None:
+    """One line naming the extra to install (exit 4) when Ray is missing; nothing is imported."""
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
         raise EnvironmentProblem(
             "--executor ray needs Ray, which is not installed", hint="pip install 'pallasopt[ray]'"
         )
+
+
+def import_ray() -> Any:
+    require_ray()
     import ray
 
     return ray
@@ -89,7 +93,7 @@ class RayExecutor(Submitting):
             raise e.as_instanceof_cause() from None
         except (rx.WorkerCrashedError, rx.NodeDiedError, rx.ObjectLostError, rx.TaskCancelledError) as e:
             what = " ".join(str(e).split())[:300]
-            return job.lost(f"the Ray worker running this {job.kind} job died {self.retries + 1} times: {what}")
+            return job.lost(f"the Ray worker running this {job.kind} job died ({self.retries + 1} attempts): {what}")
         except rx.RayError as e:  # the cluster itself failed the task (e.g. unschedulable, runtime env)
             return job.lost(f"Ray could not run this {job.kind} job: {' '.join(str(e).split())[:300]}")
 
