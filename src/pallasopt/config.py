@@ -79,3 +79,12 @@ class SearchConfig:
     compile: bool = True  # use the deviceless TPU compiler tier when libtpu is installed
     jobs: int = 1
     passes: tuple[str, ...] = field(default_factory=tuple)  # restrict to these pass names (empty: all)
+
+
+BASE_SEEDS = (101, 202)  # the search's check seeds at --seed 0 (each --seed step shifts both by SEED_STRIDE)
+SEED_STRIDE = 1000
+
+
+def check_seeds(seed: int) -> tuple[int, int]:
+    """The input seeds the search checks candidates on, driven by `SearchConfig.seed` (`run --seed`)."""
+    return (BASE_SEEDS[0] + SEED_STRIDE * seed, BASE_SEEDS[1] + SEED_STRIDE * seed)

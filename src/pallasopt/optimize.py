@@ -25,8 +25,9 @@ from .ir.library import untunable_notes
 from .outputs import write_atomic  # bench imports it from here too
 from .passes.base import Pass
 from .passes.registry import PASSES, by_name
-from .search.beam import BaselineIncorrect, Node, SearchOutcome, beam_search, score_of
+from .search.beam import beam_search
 from .search.cached import CachedEvaluator
+from .search.node import BaselineIncorrect, Node, SearchOutcome, score_of
 from .search.ranking import TierChoice, baseline_verdict
 from .search.spend import Budget
 from .search.tiers import TIER_LABEL, Evaluator, TierResult, Tiers

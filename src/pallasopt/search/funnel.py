@@ -1,0 +1,373 @@
+"""The tier funnel every strategy shares: candidates in, verified and ranked candidates out (ask/tell).
+
+A strategy proposes children (`Funnel.expand`, `Funnel.child`) and hands a batch to `Funnel.evaluate`, which runs
+them through the tiers cheapest first: the roofline model prunes, the deviceless compiler ranks (batches of `jobs`
+under the time budget, stopping while one check still fits), the interpret-mode oracle checks in rank order, a time
+under half the roofline floor is re-checked on other seeds, and the hardware tier times what passed. Failures at any
+tier are recorded on the node and never returned. All compile, check and timing work goes through one method,
+`Funnel.dispatch`, so an executor (threads today) can be swapped in there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from ..config import SearchConfig, check_seeds
+from ..cost_model.hardware import Chip
+from ..errors import PassNotApplicable
+from ..ir.kernel_ir import KernelIR
+from ..passes.base import Pass
+from .node import BaselineIncorrect, Node, ProgressFn, SearchOutcome, score_of
+from .ranking import RANKING_TIERS, choose_tier, only_in_margin, tier_works, unavailable_reason
+from .spend import Ledger
+from .tiers import Evaluator, TierResult
+
+PRUNE_FACTOR = 2  # candidates per wanted result that survive the model tier into the compiler tier
+RECHECK_OFFSET = 7777  # the below-floor re-check runs on the search seeds shifted by this
+
+
+class Funnel:
+    """One search's shared state: the nodes seen, the ledger, the clock and budget, and the ranking tier."""
+
+    def __init__(
+        self,
+        base: KernelIR,
+        evaluator: Evaluator,
+        chip: Chip,
+        config: SearchConfig,
+        *,
+        progress: ProgressFn | None = None,
+        seeds: tuple[int, int] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.clock = clock
+        self.start = clock()
+        self.evaluator = evaluator
+        self.chip = chip
+        self.config = config
+        self.say: ProgressFn = progress or (lambda e, i: None)
+        self.seeds = seeds if seeds is not None else check_seeds(config.seed)
+        self.jobs = max(1, config.jobs)
+        self.nodes: dict[str, Node] = {}
+        self.evaluations = 0
+        self.ledger = Ledger()
+        self.cut = False  # a stage stopped at the time budget
+        # Checks during the search stop at the budget (the baseline's and the final re-check do not: they must finish).
+        self.until: dict[str, float] = (
+            {} if config.budget_seconds is None else {"deadline": self.start + config.budget_seconds}
+        )
+        self.root = Node(recipe=(), digest=base.digest, parent=None, depth=0, ir=base)
+        self.nodes[self.root.digest] = self.root
+        self._baseline()
+
+    # -- budget -----------------------------------------------------------------------------------------------------
+    def out_of_time(self) -> bool:
+        b = self.config.budget_seconds
+        return b is not None and self.clock() - self.start > b
+
+    def compile_time_left(self) -> bool:
+        b = self.config.budget_seconds
+        return b is None or b - (self.clock() - self.start) > 1.5 * self.check_s
+
+    def budget_left(self) -> bool:
+        m = self.config.max_candidates
+        return not self.out_of_time() and (m is None or len(self.nodes) < m)
+
+    def key(self, n: Node) -> float:
+        """The node's time at the ranking tier (inf: none)."""
+        s = score_of(n, self.score_tier)
+        return s.time_s if s else float("inf")
+
+    # -- the baseline -----------------------------------------------------------------------------------------------
+    def _baseline(self) -> None:
+        root = self.root
+        n_base, check_s = _evaluate_baseline(root, self.evaluator, self.ledger, self.seeds, self.clock)
+        self.evaluations += n_base
+        # What one check costs here (its own record when it came from the database): compiling stops this long
+        # before the budget ends, so the candidates it ranked best still get their check (else the budget would end
+        # with compiled winners that were never verified, and the run would keep the baseline).
+        self.check_s = max(check_s, float(root.results["check"].data.get("wall_s") or 0.0))
+        if not root.passed("check"):
+            raise BaselineIncorrect(root.results["check"].message)
+        fits = root.passed("model") or root.passed("compiler")  # else the higher tiers were not run on the baseline
+        unavailable = {t: unavailable_reason(self.evaluator, t) for t in RANKING_TIERS}
+        tells = callable(getattr(self.evaluator, "unavailable", None))
+        for t in RANKING_TIERS:  # an evaluator without `unavailable` (a fake) may only tell by answering None
+            if unavailable[t] is None and t not in root.results and (fits or not tells):
+                unavailable[t] = (
+                    f"the evaluator has no {t} tier" if fits else f"the evaluator does not say it has a {t} tier"
+                )
+        self.ranking = choose_tier(root.results, unavailable, self.chip.name, screened=not fits)
+        self.score_tier = self.ranking.tier
+        self.say("baseline", {"node": root, "tier": self.score_tier, "ranking": self.ranking})
+        # Compile the candidates when the compiler ranks them, or screens them for the hardware tier while it works.
+        self.compile_children = self.score_tier == "compiler" or (
+            self.score_tier == "hardware" and tier_works(root.results, unavailable, "compiler")
+        )
+
+    # -- proposing (the strategy asks) ------------------------------------------------------------------------------
+    def expand(self, state: Node, passes: Sequence[type[Pass]]) -> list[Node]:
+        """Every new child of `state`: each choice of each pass, applied (duplicates by digest dropped)."""
+        assert state.ir is not None
+        children: list[Node] = []
+        if state.ir.workload is None:
+            return children  # LLM-written code is only ever run in child processes: it is a leaf of the search
+        for p in passes:
+            for choice in self.choices(state, p):
+                if not self.budget_left():
+                    break
+                child = self.child(state, choice)
+                if child is not None:
+                    children.append(child)
+        return children
+
+    def choices(self, state: Node, p: type[Pass]) -> tuple[Pass, ...]:
+        """`p`'s whole choice space at `state` (a pass's bug is reported, and gives none)."""
+        assert state.ir is not None
+        t0 = self.clock()
+        try:
+            return p.choices(state.ir, self.chip)
+        except Exception as e:  # a pass's bug must not end the search
+            self.say("error", {"message": f"{p.name}.choices failed: {type(e).__name__}: {e}"})
+            return ()
+        finally:
+            self.ledger.add("passes", self.clock() - t0, 0)
+
+    def child(self, state: Node, choice: Pass, parents: tuple[str, ...] = ()) -> Node | None:
+        """`choice` applied to `state`: a new node, or None (declined, failed: recorded, or already seen)."""
+        t0 = self.clock()
+        try:
+            return _expand(state, choice, self.nodes, self.say, parents)
+        finally:
+            self.ledger.add("passes", self.clock() - t0)  # apply + re-trace: budget time too
+
+    # -- evaluating (the funnel tells) ------------------------------------------------------------------------------
+    def evaluate(
+        self,
+        children: Iterable[Node],
+        want: int | None,
+        worst_kept: float = float("inf"),
+        *,
+        prune: int | None = None,
+        max_checks: int | None = None,
+    ) -> list[Node]:
+        """Run `children` through the tiers; the verified ones, best first.
+
+        `want`: stop checking once this many passed (None: check all). `prune` (default `want * PRUNE_FACTOR`)
+        bounds how many survive the model into the compiler, `max_checks` (default `2 * want`) the checks; only
+        candidates faster than `worst_kept` are checked. Sets `cut` when the time budget stopped a stage."""
+        children = list(children)
+        for c in children:
+            assert c.ir is not None
+            c.results["model"] = self.ledger.timed("model", self.evaluator.model, c.ir)  # type: ignore[arg-type]
+            self.evaluations += 1
+        alive = sorted(
+            (c for c in children if c.passed("model")),
+            key=lambda n: (n.results["model"].time_s or 0.0, len(n.recipe), n.spec),
+        )
+        prune = prune if prune is not None else (None if want is None else want * PRUNE_FACTOR)
+        alive = _one_per_signature(alive)[:prune]
+        if self.compile_children:
+            # `jobs` compiles at a time, in model order, stopping when the time budget is spent (uncompiled
+            # candidates drop out: the budget is a promise to the user, not a hint).
+            for i in range(0, len(alive), self.jobs):
+                if self.out_of_time() or not self.compile_time_left():
+                    self.cut = True
+                    break
+                batch = alive[i : i + self.jobs]
+                for c, r in zip(batch, self.dispatch("compiler", batch), strict=True):
+                    if r is not None:
+                        c.results["compiler"] = r
+                        self.evaluations += 1
+            alive = [c for c in alive if c.passed("compiler")]
+        ranked = sorted(alive, key=lambda n: (self.key(n), n.spec))
+        max_checks = max_checks if max_checks is not None else (None if want is None else 2 * want)
+        # Check in rank order, `jobs` at a time, until `want` candidates pass: only candidates that could enter the
+        # result are worth the interpret-mode run.
+        queue = [c for c in ranked if self.key(c) < worst_kept][:max_checks]
+        goal = len(queue) if want is None else want
+        verified: list[Node] = []
+        while queue and len(verified) < goal:
+            if self.out_of_time():
+                self.cut = True
+                break
+            k = min(self.jobs, goal - len(verified))
+            batch, queue = queue[:k], queue[k:]
+            for c, r in zip(batch, self.dispatch("check", batch), strict=True):
+                assert r is not None
+                c.results["check"] = r
+                self.evaluations += 1
+                self.say("checked", {"node": c})
+                if r.ok:
+                    verified.append(c)
+        verified = self._recheck_below_floor(verified)
+        if self.score_tier == "hardware":
+            timed = []
+            for c in verified:
+                if self.out_of_time():  # untimed candidates cannot be ranked: they drop out
+                    self.cut = True
+                    break
+                (r,) = self.dispatch("hardware", [c])
+                if r is not None:
+                    c.results["hardware"] = r
+                    self.evaluations += 1
+                timed.append(c)
+            verified = [c for c in timed if c.passed("hardware")]
+        return sorted(verified, key=lambda n: (self.key(n), n.spec))
+
+    def _recheck_below_floor(self, verified: list[Node]) -> list[Node]:
+        """Reward-hack guard: a time under half the roofline floor is suspicious; re-check on other seeds."""
+        out = list(verified)
+        for c in verified:
+            flagged = c.results.get(self.score_tier)
+            if flagged is None or not flagged.data.get("below_floor"):
+                continue
+            if self.out_of_time():  # not re-checked: it cannot be trusted, so it leaves the result
+                self.cut = True
+                out.remove(c)
+                continue
+            fresh = (self.seeds[0] + RECHECK_OFFSET, self.seeds[1] + RECHECK_OFFSET)
+            (again,) = self.dispatch("check", [c], seeds=fresh)
+            assert again is not None
+            self.evaluations += 1
+            self.say("suspicious", {"node": c, "ok": again.ok})
+            if not again.ok:
+                c.results["check"] = again
+                out.remove(c)
+        return out
+
+    def dispatch(
+        self, tier: str, batch: Sequence[Node], seeds: tuple[int, int] | None = None
+    ) -> Iterator[TierResult | None]:
+        """THE place where compiles, checks and hardware timings run: `batch` at once on `jobs` threads, answers in
+        `batch` order (lazily: an interrupt keeps what finished). An executor replaces this method's body."""
+        ev, s = self.evaluator, seeds or self.seeds
+
+        def fn(n: Node) -> TierResult | None:
+            ir = _ir(n)
+            if tier == "compiler":
+                return self.ledger.timed("compiler", ev.compiler, ir)
+            if tier == "check":
+                return self.ledger.timed("check", ev.check, ir, s, **self.until)
+            return self.ledger.timed("hardware", ev.hardware, ir)
+
+        if tier not in ("compiler", "check", "hardware"):
+            raise ValueError(f"no such dispatched tier {tier!r}")
+        if len(batch) == 1:  # nothing to overlap: run here
+            yield fn(batch[0])
+            return
+        with ThreadPoolExecutor(self.jobs) as pool:
+            yield from pool.map(fn, batch)
+
+    # -- the end ----------------------------------------------------------------------------------------------------
+    def verified(self) -> list[Node]:
+        """Every node that passed its check and has a time at the ranking tier, best first."""
+        ok = [n for n in self.nodes.values() if n.passed("check") and score_of(n, self.score_tier)]
+        return sorted(ok, key=lambda n: (self.key(n), n.spec))
+
+    def outcome(self, stop: str, strategy: str = "beam") -> SearchOutcome:
+        best = min(
+            (n for n in self.nodes.values() if n.passed("check") and score_of(n, self.score_tier)),
+            key=self.key,
+            default=self.root,
+        )
+        return SearchOutcome(
+            baseline=self.root,
+            best=best,
+            nodes=self.nodes,
+            score_tier=self.score_tier,
+            stop_reason=stop,
+            wall_s=self.clock() - self.start,
+            evaluations=self.evaluations,
+            ranking=self.ranking,
+            spend=self.ledger.snapshot(),
+            strategy=strategy,
+        )
+
+
+def _ir(n: Node) -> KernelIR:
+    assert n.ir is not None, f"{n.spec} has no IR to evaluate"
+    return n.ir
+
+
+def _evaluate_baseline(
+    root: Node, evaluator: Evaluator, ledger: Ledger, seeds: tuple[int, int], clock: Callable[[], float]
+) -> tuple[int, float]:
+    """Model, compiler, check and hardware verdicts on the baseline; the number of evaluations and the check's
+    seconds.
+
+    A baseline the model finds over the VMEM limit (or with an illegal block shape) is not compiled or timed: the
+    compiler can take minutes to reject huge blocks (FACTS.md), and its verdict is already known. One the model
+    rejects only for its safety margin under the limit is compiled: there the compiler decides."""
+    assert root.ir is not None
+    ir = root.ir
+    root.results["model"] = ledger.timed("model", evaluator.model, ir)
+    n = 1
+    compile_it = root.passed("model") or only_in_margin(root.results["model"])
+    if compile_it and unavailable_reason(evaluator, "compiler") is None:
+        comp = ledger.timed("compiler", evaluator.compiler, ir)
+        if comp is not None:
+            root.results["compiler"] = comp
+            n += 1
+    fits = root.passed("model") or root.passed("compiler")
+    t_check = clock()
+    root.results["check"] = ledger.timed("check", evaluator.check, ir, seeds)
+    check_s = clock() - t_check
+    n += 1
+    if root.passed("check") and fits and unavailable_reason(evaluator, "hardware") is None:
+        hw = ledger.timed("hardware", evaluator.hardware, ir)
+        if hw is not None:
+            root.results["hardware"] = hw
+            n += 1
+    return n, check_s
+
+
+def _signature(n: Node) -> tuple[object, ...]:
+    """Candidates with the same blocks, grid, buffering and model time are the same to every tier we rank with
+    (e.g. three vmem-limit values that all fit): compile and check one of them."""
+    assert n.ir is not None
+    t = n.results["model"].time_s or 0.0
+    shape = tuple(
+        (c.grid, tuple((o.block_shape, o.buffer_count) for o in c.operands), c.dimension_semantics, len(c.scratch))
+        for c in n.ir.calls
+    )
+    return (round(t, 12), shape)
+
+
+def _one_per_signature(nodes: list[Node]) -> list[Node]:
+    seen: set[tuple[object, ...]] = set()
+    out = []
+    for n in nodes:
+        key = _signature(n)
+        if key not in seen:
+            seen.add(key)
+            out.append(n)
+    return out
+
+
+def _expand(
+    state: Node, choice: Pass, nodes: dict[str, Node], say: ProgressFn, parents: tuple[str, ...] = ()
+) -> Node | None:
+    assert state.ir is not None
+    spec = choice.spec()
+    recipe = (*state.recipe, spec)
+    lineage = parents or (state.digest,)
+    try:
+        new_ir = choice.apply(state.ir)
+    except PassNotApplicable as e:
+        say("declined", {"recipe": recipe, "reason": e.reason})
+        return None
+    except Exception as e:  # a candidate that breaks is a result, never the end of the search
+        digest = f"failed:{'|'.join(recipe)}"
+        nodes[digest] = Node(
+            recipe, digest, lineage[0], state.depth + 1, None, error=f"{type(e).__name__}: {e}", parents=lineage
+        )
+        say("failed", {"recipe": recipe, "error": str(e)})
+        return None
+    if new_ir.digest in nodes:
+        return None
+    node = Node(recipe, new_ir.digest, lineage[0], state.depth + 1, new_ir, parents=lineage)
+    nodes[node.digest] = node
+    return node
