@@ -57,7 +57,7 @@ def run_parallel(
     paths: dict[str, Path] = {}
     est = _Serialized(estimator) if estimator is not None else None
     start = time.perf_counter()
-    console.print(f"{in_flight} kernels at a time on the {opts.get('executor', 'local')} executor")
+    console.print(f"{in_flight} kernels at a time on the {getattr(opts.get('executor'), 'name', 'local')} executor")
 
     def rows() -> list[Row]:
         return head + [done[i] for i in sorted(done)]
