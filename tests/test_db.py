@@ -148,11 +148,12 @@ def _assert_one_line_db_error(exc: pytest.ExceptionInfo[DatabaseError], path: Pa
 def test_newer_schema_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "k.db"
     conn = sqlite3.connect(path)
-    conn.execute("PRAGMA user_version=2")
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
     conn.close()
     with pytest.raises(DatabaseError) as exc:
         KernelDB.open(path)
-    _assert_one_line_db_error(exc, path, "newer pallasopt (schema 2 > 1); use a newer pallasopt or another --db path")
+    newer = f"newer pallasopt (schema {SCHEMA_VERSION + 1} > {SCHEMA_VERSION})"
+    _assert_one_line_db_error(exc, path, f"{newer}; use a newer pallasopt or another --db path")
 
 
 def test_garbage_file_is_rejected(tmp_path: Path) -> None:

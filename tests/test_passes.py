@@ -190,11 +190,16 @@ def test_single_buffer_declines_shared_spec(example_irs) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_every_choice_on_every_example(path, example_irs) -> None:
-    """Each choice each pass offers re-parses, re-traces and stays numerically equal to the reference."""
+    """The choices each pass offers re-parse, re-trace and stay numerically equal to the reference. Passes return
+    their whole choice space (issue 16: 176 tile choices on the matmul): the first 12 of each (model-best first, what
+    beam search tries) and every 15th after them are checked, so CI runs ~20 interpret-mode checks per example."""
+    from pallasopt.search.funnel import truncate
+
     ir = example_irs[path.stem]
     sources, specs = [], []
     for p in PASSES:
-        for choice in p.choices(ir, V5E):
+        every = p.choices(ir, V5E)
+        for choice in dict.fromkeys((*truncate(every, 12), *every[12::15])):
             try:
                 new = choice.apply(ir)
             except PassNotApplicable:

@@ -1,6 +1,6 @@
 """pallasopt: make Pallas kernels fast, automatically and verifiably.
 
-Public API: `optimize()` and `Result`, `KernelIR` (`load()`), `estimate()`, `check()`, the pass registry
+Public API: `optimize()`, its `SearchConfig` and `Result`, `KernelIR` (`load()`), `estimate()`, `check()`, the pass registry
 (`PASSES`, `parse_pipeline`) and `apply_pipeline()`.
 """
 
@@ -14,6 +14,7 @@ __all__ = [
     "PASSES",
     "KernelIR",
     "Result",
+    "SearchConfig",
     "__version__",
     "apply_pipeline",
     "check",
@@ -24,6 +25,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from .config import SearchConfig
     from .harness.check import check
     from .ir.kernel_ir import KernelIR
     from .optimize import Result, optimize
@@ -51,6 +53,10 @@ def __getattr__(name: str) -> Any:  # lazy: importing pallasopt stays cheap (no 
         from . import optimize as mod
 
         return getattr(mod, name)
+    if name == "SearchConfig":
+        from .config import SearchConfig
+
+        return SearchConfig
     if name == "KernelIR":
         from .ir.kernel_ir import KernelIR
 

@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from .config import STRATEGY_NAMES, SearchConfig
 from .errors import ExitCode, UsageError
 from .outputs import check_output, check_writable, check_writable_folder, write_atomic
 from .workload import read_file
@@ -60,11 +61,23 @@ def _add_apply(sub: Any) -> None:
     p.set_defaults(handler=cmd_apply)
 
 
+def add_strategy(p: Any) -> None:
+    """`--strategy NAME` (run and bench)."""
+    p.add_argument(
+        "--strategy",
+        choices=STRATEGY_NAMES,
+        default="beam",
+        help="search strategy: beam (default), evolve (population + mutation/crossover), random, exhaustive "
+        "(every recipe up to --depth; for measurement)",
+    )
+
+
 def _add_run(sub: Any) -> None:
-    p = sub.add_parser("run", help="optimize a kernel: beam search over passes, ranked by the fidelity tiers")
+    p = sub.add_parser("run", help="optimize a kernel: a search over passes, ranked by the fidelity tiers")
     p.add_argument("file")
-    p.add_argument("--beam", type=int, default=8)
-    p.add_argument("--depth", type=int, default=4)
+    add_strategy(p)
+    p.add_argument("--beam", type=int, default=8, help="beam width (evolve: population size)")
+    p.add_argument("--depth", type=int, default=4, help="recipe length (evolve: generations; random: rounds)")
     p.add_argument("--target", default="v5e")
     p.add_argument("-o", "--output", help="optimized kernel path (default FILE_STEM.opt.py beside the kernel)")
     p.add_argument("--in-place", action="store_true", help="replace the input kernel with the optimized one")
@@ -83,10 +96,13 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--passes", default="", help="comma-separated pass names to search over (default: all)")
     p.add_argument("--no-compile", action="store_true", help="skip the deviceless TPU compiler tier")
     p.add_argument(
-        "--jobs", type=int, default=None, help="evaluations run in parallel (default 2; on Ray: the cluster's CPUs)"
+        "--jobs",
+        type=int,
+        default=2,
+        help="evaluations run in parallel (with --executor ray: up to the cluster's CPUs)",
     )
     add_executor_options(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="drives the check seeds and the random choices of evolve/random")
     p.add_argument("--llm", action="store_true", help="add LLM rewrites (needs ANTHROPIC_API_KEY; cached in the DB)")
     p.add_argument("--llm-max-requests", type=int, default=20, help="cap on LLM requests in this run")
     p.add_argument("--force", action="store_true", help="overwrite an existing file named by -o")
@@ -280,28 +296,32 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     load_guarded(args.file, args.load_timeout)
     display = RunDisplay(console, enabled=not args.json)
     with display:
+        config = SearchConfig(
+            beam=args.beam,
+            depth=args.depth,
+            target=args.target,
+            strategy=args.strategy,
+            budget_seconds=args.budget_seconds,
+            max_candidates=args.max_candidates,
+            seed=args.seed,
+            llm=args.llm,
+            llm_max_requests=args.llm_max_requests,
+            use_compiler=not args.no_compile,
+            jobs=args.jobs,
+            passes=names,
+        )
         result = optimize(
             args.file,
-            beam=args.beam,
-            target=args.target,
-            depth=args.depth,
+            config,
             output=args.output,
             in_place=args.in_place,
             db_path=args.db,
-            passes=names,
-            seed=args.seed,
-            budget_seconds=args.budget_seconds,
-            max_candidates=args.max_candidates,
-            use_compiler=not args.no_compile,
             resume=args.resume,
             fresh=args.fresh,
-            jobs=args.jobs,
             executor=args.executor,
             ray_address=args.ray_address,
             report_dir=args.report,
             progress=display.event,
-            llm=args.llm,
-            llm_max_requests=args.llm_max_requests,
         )
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))

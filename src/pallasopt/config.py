@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import UsageError
+
 DEFAULT_MODEL = "claude-sonnet-4-5"
 DEFAULT_TARGET = "v5e"
 
@@ -65,20 +67,35 @@ def child_env(extra: Mapping[str, str] | None = None, environ: Mapping[str, str]
     return env
 
 
+STRATEGY_NAMES = ("beam", "evolve", "random", "exhaustive")  # search/strategies.py holds the functions
+
+
 @dataclass(frozen=True)
 class SearchConfig:
-    """Knobs of one optimization run."""
+    """Everything that shapes one optimization run's search (`optimize(kernel, config)`; `run`'s flags). Every field
+    is read: `target` picks the chip, `passes` the passes, `use_compiler` the compiler tier, `seed` the check seeds and
+    the random strategies' choices; all but `jobs` and `budget_seconds` go into the run's key in the kernel DB."""
 
-    beam: int = 8
-    depth: int = 4
+    beam: int = 8  # beam width; the population size for evolve; per-round samples / PRUNE_FACTOR for random
+    depth: int = 4  # recipe length for beam/exhaustive; generations for evolve; rounds for random
     target: str = DEFAULT_TARGET
+    strategy: str = "beam"
     budget_seconds: float | None = None
     max_candidates: int | None = None
     seed: int = 0
     llm: bool = False
-    compile: bool = True  # use the deviceless TPU compiler tier when libtpu is installed
-    jobs: int = 1
+    llm_max_requests: int = 20
+    use_compiler: bool = True  # use the deviceless TPU compiler tier when libtpu is installed
+    jobs: int = 2
     passes: tuple[str, ...] = field(default_factory=tuple)  # restrict to these pass names (empty: all)
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGY_NAMES:
+            raise UsageError(
+                f"unknown search strategy {self.strategy!r}", hint=f"known strategies: {', '.join(STRATEGY_NAMES)}"
+            )
+        if self.beam < 1 or self.depth < 0:
+            raise UsageError("--beam must be >= 1 and --depth >= 0")
 
 
 BASE_SEEDS = (101, 202)  # the search's check seeds at --seed 0 (each --seed step shifts both by SEED_STRIDE)

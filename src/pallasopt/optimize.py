@@ -1,4 +1,4 @@
-"""The library entry point: `optimize(path_or_source, beam=8, target="v5e") -> Result`."""
+"""The library entry point: `optimize(path_or_source, SearchConfig(...)) -> Result` (or its fields as keywords)."""
 
 from __future__ import annotations
 
@@ -25,14 +25,19 @@ from .ir.library import untunable_notes
 from .outputs import write_atomic  # bench imports it from here too
 from .passes.base import Pass
 from .passes.registry import PASSES, by_name
-from .search.beam import beam_search
 from .search.cached import CachedEvaluator
 from .search.node import BaselineIncorrect, Node, SearchOutcome, score_of
 from .search.ranking import TierChoice, baseline_verdict
 from .search.spend import Budget
+from .search.strategies import run_strategy
 from .search.tiers import TIER_LABEL, Evaluator, TierResult, Tiers
 
-FINAL_SEEDS = (7919, 104729)  # fresh seeds for the final re-verification (never used during the search)
+FINAL_SEEDS = (7919, 104729)  # fresh seeds for the final re-verification at --seed 0 (never used during the search)
+
+
+def final_seeds(seed: int) -> tuple[int, int]:
+    """The final re-check's seeds for `run --seed` (shifted by one per seed: never one of the search's seeds)."""
+    return (FINAL_SEEDS[0] + seed, FINAL_SEEDS[1] + seed)
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ class Result:
     budget: Budget | None = None
     nodes: tuple[Mapping[str, Any], ...] = field(default=(), repr=False)
     notes: tuple[str, ...] = ()  # what the run could not tune (library kernels no value in the file drives)
+    strategy: str = "beam"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -115,6 +121,7 @@ class Result:
             "ranking": self.ranking.to_dict() if self.ranking else None,
             "budget": self.budget.to_dict() if self.budget else None,
             "notes": list(self.notes),
+            "strategy": self.strategy,
         }
 
 
@@ -166,11 +173,14 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _config_key(config: SearchConfig, passes: Sequence[type[Pass]]) -> dict[str, Any]:
+def _config_key(config: SearchConfig, passes: Sequence[type[Pass]], evaluator: Any = None) -> dict[str, Any]:
     d = dataclasses.asdict(config)
     d.pop("jobs", None)  # parallelism never changes the answer
     d.pop("budget_seconds", None)
+    d.pop("llm_max_requests", None)
     d["passes"] = [p.name for p in passes]
+    device = getattr(evaluator, "device_kind", None)  # the accelerator the hardware tier would time on, if any
+    d["device"] = device() if callable(device) else None
     return d
 
 
@@ -184,6 +194,7 @@ def node_summary(n: Node, tier: str) -> dict[str, Any]:
         "recipe": list(n.recipe),
         "digest": n.digest,
         "parent": n.parent,
+        "parents": list(n.parents),
         "depth": n.depth,
         "verdict": n.verdict(),
         "time_s": s.time_s if s else None,
@@ -194,44 +205,39 @@ def node_summary(n: Node, tier: str) -> dict[str, Any]:
 
 def optimize(
     path_or_source: str | os.PathLike[str],
+    config: SearchConfig | None = None,
     *,
-    beam: int = 8,
-    target: str = "v5e",
-    depth: int = 4,
     path: str | None = None,
     output: str | os.PathLike[str] | None = None,
     in_place: bool = False,
     db_path: str | os.PathLike[str] | None = None,
-    passes: Sequence[str] = (),
-    seed: int = 0,
-    budget_seconds: float | None = None,
-    max_candidates: int | None = None,
-    use_compiler: bool = True,
     resume: bool = False,
     fresh: bool = False,
-    jobs: int | None = None,
-    executor: str | Executor = "local",
-    ray_address: str | None = None,
     report_dir: str | os.PathLike[str] | None = None,
     progress: Callable[[str, dict[str, Any]], None] | None = None,
     evaluator: Evaluator | None = None,
     write_output: bool = True,
-    llm: bool = False,
-    llm_max_requests: int = 20,
     llm_client: Any = None,
+    executor: str | Executor = "local",
+    ray_address: str | None = None,
+    **search: Any,
 ) -> Result:
-    """Optimize a kernel module (a file path, or source text with `path=` for messages) for `target`.
+    """Optimize a kernel module (a file path, or source text with `path=` for messages).
 
-    Writes the optimized module to `output` (default `<stem>.opt.py` beside the kernel; never the input unless
-    `in_place`). Every evaluation goes to the kernel database (`db_path`, default `.pallasopt/kernels.db` beside the
-    kernel), so a repeated run is served from it and `resume=True` continues an interrupted one.
+    What to search is one `SearchConfig` (`config`); for short calls its fields can be given as keywords instead,
+    e.g. `optimize("k.py", beam=4, target="v6e")`, which override `config`'s. The rest says where things go: writes
+    the optimized module to `output` (default `<stem>.opt.py` beside the kernel; never the input unless `in_place`).
+    Every evaluation goes to the kernel database (`db_path`, default `.pallasopt/kernels.db` beside the kernel), so a
+    repeated run is served from it and `resume=True` continues an interrupted one. `report_dir`: write the report
+    there (also when the result comes from the database).
 
     `executor`: where compiles, checks and timings run: "local" (child processes of this host), "ray" (tasks of
     the Ray cluster at `ray_address`, else RAY_ADDRESS, else a local Ray instance for this run), or an `Executor`
-    the caller owns (bench shares one between searches). `jobs`: evaluations in flight at once (default 2 locally,
-    the cluster's CPUs on Ray). The database stays here: workers only return records.
+    the caller owns (bench shares one between searches); `jobs` of them are in flight at once. The database stays
+    here: workers only return records.
     """
     start = time.perf_counter()
+    config = _search_config(config, search)
     text = str(path_or_source)
     if "\n" not in text and Path(text).exists():
         kernel_path = Path(text)
@@ -241,93 +247,22 @@ def optimize(
         base = KernelIR.from_source(text, str(kernel_path))
     else:
         raise KernelError("no such file", path=text, hint="pass a kernel module path or its source text")
-    chip = resolve_target(target)
+    chip = resolve_target(config.target)
+    config = dataclasses.replace(config, target=chip.name)
+    selected = select_passes(config.passes)
     env = read_env()
-    with contextlib.ExitStack() as owned:
-        if isinstance(executor, str):
-            executor = make_executor(executor, ray_address or (env.ray_address if executor == "ray" else None))
-            owned.callback(executor.close)
-        jobs = jobs if jobs is not None else (2 if executor.name == "local" else executor.slots())
-        return _optimize(
-            base,
-            kernel_path,
-            chip,
-            env,
-            executor,
-            beam=beam,
-            depth=depth,
-            output=output,
-            in_place=in_place,
-            db_path=db_path,
-            passes=passes,
-            seed=seed,
-            budget_seconds=budget_seconds,
-            max_candidates=max_candidates,
-            use_compiler=use_compiler,
-            resume=resume,
-            fresh=fresh,
-            jobs=jobs,
-            report_dir=report_dir,
-            progress=progress,
-            evaluator=evaluator,
-            write_output=write_output,
-            llm=llm,
-            llm_max_requests=llm_max_requests,
-            llm_client=llm_client,
-            start=start,
-        )
-
-
-def _optimize(
-    base: KernelIR,
-    kernel_path: Path,
-    chip: Chip,
-    env: Any,
-    executor: Executor,
-    *,
-    beam: int,
-    depth: int,
-    output: str | os.PathLike[str] | None,
-    in_place: bool,
-    db_path: str | os.PathLike[str] | None,
-    passes: Sequence[str],
-    seed: int,
-    budget_seconds: float | None,
-    max_candidates: int | None,
-    use_compiler: bool,
-    resume: bool,
-    fresh: bool,
-    jobs: int,
-    report_dir: str | os.PathLike[str] | None,
-    progress: Callable[[str, dict[str, Any]], None] | None,
-    evaluator: Evaluator | None,
-    write_output: bool,
-    llm: bool,
-    llm_max_requests: int,
-    llm_client: Any,
-    start: float,
-) -> Result:
-    config = SearchConfig(
-        beam=beam,
-        depth=depth,
-        target=chip.name,
-        budget_seconds=budget_seconds,
-        max_candidates=max_candidates,
-        seed=seed,
-        compile=use_compiler,
-        jobs=jobs,
-        llm=llm,
-    )
-    if beam < 1 or depth < 0:
-        raise UsageError("--beam must be >= 1 and --depth >= 0")
-    selected = select_passes(passes)
-    if llm and llm_client is None and not env.anthropic_api_key:
+    if config.llm and llm_client is None and not env.anthropic_api_key:
         raise EnvironmentProblem("--llm needs ANTHROPIC_API_KEY", hint="export it, or drop --llm")
     db_file = Path(db_path) if db_path else (env.db_path or default_path(kernel_path))
     out_path = kernel_path if in_place else Path(output) if output else default_output(kernel_path)
-    with KernelDB.open(db_file) as db:
+    owned = contextlib.ExitStack()
+    if isinstance(executor, str):
+        executor = make_executor(executor, ray_address or (env.ray_address if executor == "ray" else None))
+        owned.callback(executor.close)
+    inner = evaluator or Tiers(chip, use_compiler=config.use_compiler, executor=executor)
+    with owned, KernelDB.open(db_file) as db:
         wid = db.workload(base.digest, str(kernel_path), dict(base.dims), chip.name, _versions())
-        key = json.loads(json.dumps(_config_key(config, selected)))
+        key = json.loads(json.dumps(_config_key(config, selected, inner)))
         last = db.last_run(wid)
         if (
             not fresh
@@ -340,22 +275,23 @@ def _optimize(
             result = _from_row(last.result, time.perf_counter() - start)
             if write_output and result.correct:
                 _write_output(out_path, result.source, kernel_path, in_place)
+            if report_dir is not None:
+                result = _report(Path(report_dir), base, None, result, chip)
             return result
         run_id = db.start_run(wid, key)
-        inner = evaluator or Tiers(chip, use_compiler=use_compiler, executor=executor)
-        cached = CachedEvaluator(inner, db, wid, chip.name)
+        cached = CachedEvaluator(inner, db, wid, chip.name, run_id=run_id)
         try:
             with contextlib.ExitStack() as stack:
                 session = None
-                if llm:
+                if config.llm:
                     from .llm.client import AnthropicClient
                     from .llm.session import llm_session
 
                     client = llm_client or AnthropicClient(env.anthropic_api_key or "")
                     session = stack.enter_context(
-                        llm_session(client, db, model=env.llm_model, chip=chip, max_requests=llm_max_requests)
+                        llm_session(client, db, model=env.llm_model, chip=chip, max_requests=config.llm_max_requests)
                     )
-                outcome = beam_search(base, selected, cached, chip, config, progress=progress)
+                outcome = run_strategy(config.strategy, base, selected, cached, chip, config, progress=progress)
                 usage = session.usage().to_dict() if session is not None else None
         except BaselineIncorrect as e:
             db.finish_run(run_id, {"error": e.message}, state="done")
@@ -367,19 +303,37 @@ def _optimize(
         except BaseException:
             db.finish_run(run_id, {}, state="interrupted")
             raise
-        result = _finish(outcome, base, chip, cached, kernel_path, out_path, start, budget_seconds)
+        result = _finish(outcome, base, chip, cached, kernel_path, out_path, start, config)
         result = dataclasses.replace(result, llm_usage=usage, notes=untunable_notes(base))
         if evaluator is None:  # a caller's own evaluator (tests, fakes) decides correctness alone
             result = _generalize(result, base, outcome)
         if write_output and result.correct:
             _write_output(out_path, result.source, kernel_path, in_place)
         if report_dir is not None:
-            from .report.render import write_report
-
-            rp = write_report(Path(report_dir), base, outcome, result, chip)
-            result = dataclasses.replace(result, report_path=str(rp))
+            result = _report(Path(report_dir), base, outcome, result, chip)
         db.finish_run(run_id, {**result.to_dict(), "source": result.source, "nodes": list(result.nodes)})
     return result
+
+
+def _search_config(config: SearchConfig | None, overrides: Mapping[str, Any]) -> SearchConfig:
+    """`config` with keyword overrides; an unknown keyword is a UsageError naming the known ones."""
+    config = config or SearchConfig()
+    known = {f.name for f in dataclasses.fields(SearchConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise UsageError(
+            f"optimize() got an unknown option {unknown[0]!r}", hint=f"SearchConfig fields: {sorted(known)}"
+        )
+    if "passes" in overrides:
+        overrides = {**overrides, "passes": tuple(overrides["passes"])}
+    return dataclasses.replace(config, **overrides)
+
+
+def _report(folder: Path, base: KernelIR, outcome: SearchOutcome | None, result: Result, chip: Chip) -> Result:
+    from .report.render import write_report
+
+    rp = write_report(folder, base, outcome, result, chip)
+    return dataclasses.replace(result, report_path=str(rp))
 
 
 def _generalize(result: Result, base: KernelIR, outcome: SearchOutcome) -> Result:
@@ -398,7 +352,7 @@ def _generalize(result: Result, base: KernelIR, outcome: SearchOutcome) -> Resul
         base.workload,
         verified,
         (own.data.get("dims") if own is not None else None) or {},
-        FINAL_SEEDS,
+        tuple(result.final_check.get("data", {}).get("seeds") or FINAL_SEEDS),
     )
     final = {**result.final_check, "sizes": g.to_dict()}
     return dataclasses.replace(result, source=g.source, correct=g.ok, final_check=final)
@@ -418,12 +372,13 @@ def _finish(
     kernel_path: Path,
     out_path: Path,
     start: float,
-    budget_seconds: float | None = None,
+    config: SearchConfig,
 ) -> Result:
     tier = outcome.score_tier
     best = outcome.best
     t0 = time.perf_counter()
-    final: TierResult = evaluator.check(best.ir, FINAL_SEEDS) if best.ir is not None else TierResult("check", False)
+    seeds = final_seeds(config.seed)
+    final: TierResult = evaluator.check(best.ir, seeds) if best.ir is not None else TierResult("check", False)
     final_s = time.perf_counter() - t0
     correct = final.ok
     if not correct:  # never return an unverified kernel: fall back to the baseline
@@ -456,7 +411,8 @@ def _finish(
         model_baseline_s=outcome.baseline.results["model"].time_s,
         model_best_s=best.results["model"].time_s if "model" in best.results else None,
         ranking=outcome.ranking,
-        budget=Budget(budget_seconds, outcome.wall_s, outcome.spend, final_s),
+        budget=Budget(config.budget_seconds, outcome.wall_s, outcome.spend, final_s),
+        strategy=outcome.strategy,
         nodes=tuple(node_summary(n, tier) for n in outcome.nodes.values()),
     )
 
@@ -484,4 +440,5 @@ def _from_row(row: Mapping[str, Any], wall_s: float) -> Result:
         budget=Budget.from_dict(row["budget"]) if row.get("budget") else None,
         nodes=tuple(row.get("nodes") or ()),
         notes=tuple(row.get("notes") or ()),
+        strategy=str(row.get("strategy") or "beam"),
     )

@@ -17,6 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
+from ..commands import add_strategy
 from ..errors import ExitCode, UsageError
 from ..ir.kernel_ir import KernelIR
 from .estimate import CompilerEstimator, Estimator, _versions
@@ -62,7 +63,8 @@ def bench_kernel(
 ) -> Row:
     """Optimize one kernel (write_output=False) and estimate its XLA reference and hand-tuned kernel.
 
-    `opts` go to `optimize()` (target, beam, depth, db_path, jobs, budget_seconds, use_compiler, fresh, evaluator).
+    `opts` go to `optimize()`: SearchConfig fields (target, beam, depth, strategy, jobs, budget_seconds,
+    use_compiler) and its run options (db_path, fresh, evaluator).
     A search that raises becomes a row with `error`; the estimates are still attempted.
     """
     from ..optimize import optimize
@@ -135,6 +137,7 @@ def _add_bench(sub: Any) -> None:
     p.add_argument(
         "--depth", type=int, default=None, help=f"default {SUITE_SEARCH[1]} ({QUICK_SEARCH[1]} with --quick)"
     )
+    add_strategy(p)
     p.add_argument("--kernels", default="", help="comma-separated globs on kernel file names, e.g. 'llm_*'")
     p.add_argument("--suite", default="bench/kernels", help="folder of kernel modules")
     p.add_argument("--jaxbench", metavar="DIR", help="a local JAXBench checkout: its tasks with a Pallas kernel")
@@ -263,6 +266,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         "quick": args.quick,
         "beam": beam,
         "depth": depth,
+        "strategy": args.strategy,
         "jobs": args.jobs,
         "budget_seconds": args.budget_seconds,
         "kernels": [k.stem for k in kernels] + [r.kernel for r in failed],
@@ -289,6 +293,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         "jobs": args.jobs,
         "budget_seconds": args.budget_seconds,
         "use_compiler": not args.no_compile,
+        "strategy": args.strategy,
         "fresh": args.fresh,
         "executor": executor,
     }

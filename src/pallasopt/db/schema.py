@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: candidate_parents and population (a version-1 file gains them on open)
 
 R = TypeVar("R")
 RunState = Literal["running", "done", "interrupted"]
 
-_TABLES = ("workloads", "candidates", "evaluations", "runs", "llm_cache")
+_TABLES = ("workloads", "candidates", "evaluations", "runs", "llm_cache", "candidate_parents", "population")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS workloads (
@@ -71,6 +71,19 @@ CREATE TABLE IF NOT EXISTS llm_cache (
     output_tokens INTEGER NOT NULL,
     created REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS candidate_parents (
+    candidate_id INTEGER NOT NULL REFERENCES candidates(id),
+    position INTEGER NOT NULL,
+    parent_id INTEGER NOT NULL REFERENCES candidates(id),
+    PRIMARY KEY (candidate_id, position)
+);
+CREATE TABLE IF NOT EXISTS population (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    generation INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    candidate_id INTEGER NOT NULL REFERENCES candidates(id),
+    PRIMARY KEY (run_id, generation, rank)
+);
 """
 
 
@@ -102,6 +115,25 @@ class CandidateRow:
     parent_id: int | None
     depth: int
     created: float
+
+
+@dataclass(frozen=True)
+class ParentRow:
+    """One parent of a candidate (a crossover has two); `position` 0 is the candidates table's `parent_id`."""
+
+    candidate_id: int
+    position: int
+    parent_id: int
+
+
+@dataclass(frozen=True)
+class PopulationRow:
+    """A member of an evolutionary search's population after one generation, best first (`rank` 0)."""
+
+    run_id: int
+    generation: int
+    rank: int
+    candidate_id: int
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +26,8 @@ from .schema import (
     CandidateRow,
     EvalRow,
     LLMRow,
+    ParentRow,
+    PopulationRow,
     RunRow,
     RunState,
     WorkloadRow,
@@ -41,6 +43,8 @@ __all__ = [
     "EvalRow",
     "KernelDB",
     "LLMRow",
+    "ParentRow",
+    "PopulationRow",
     "RunRow",
     "RunState",
     "WorkloadRow",
@@ -146,6 +150,45 @@ class KernelDB(_Connection):
             return int(c.execute(sql, (workload_id, source_digest)).fetchone()[0])
 
         return self._write(body)
+
+    def add_parents(self, candidate_id: int, parent_ids: Sequence[int]) -> None:
+        """Record every parent of a candidate, in order (first sight wins, like the candidate row)."""
+
+        def body(c: sqlite3.Connection) -> None:
+            c.executemany(
+                "INSERT INTO candidate_parents (candidate_id, position, parent_id) VALUES (?, ?, ?)"
+                " ON CONFLICT DO NOTHING",
+                [(candidate_id, i, p) for i, p in enumerate(parent_ids)],
+            )
+
+        self._write(body)
+
+    def parents(self, candidate_id: int) -> list[int]:
+        """The candidate's parents in order (several for a crossover; the `parent_id` alone for older rows)."""
+        rows = self._read(
+            "SELECT parent_id FROM candidate_parents WHERE candidate_id=? ORDER BY position", (candidate_id,)
+        )
+        if rows:
+            return [int(r[0]) for r in rows]
+        row = self.candidate(candidate_id)
+        return [row.parent_id] if row is not None and row.parent_id is not None else []
+
+    def put_population(self, run_id: int, generation: int, candidate_ids: Sequence[int]) -> None:
+        """The population of `run_id` after `generation`, best first (replaces a generation recorded before)."""
+
+        def body(c: sqlite3.Connection) -> None:
+            c.execute("DELETE FROM population WHERE run_id=? AND generation=?", (run_id, generation))
+            c.executemany(
+                "INSERT INTO population (run_id, generation, rank, candidate_id) VALUES (?, ?, ?, ?)",
+                [(run_id, generation, i, cid) for i, cid in enumerate(candidate_ids)],
+            )
+
+        self._write(body)
+
+    def population(self, run_id: int) -> list[PopulationRow]:
+        """Every recorded generation of a run's population, in order."""
+        rows = self._read("SELECT * FROM population WHERE run_id=? ORDER BY generation, rank", (run_id,))
+        return [self._decode(PopulationRow, r) for r in rows]
 
     def candidate(self, candidate_id: int) -> CandidateRow | None:
         rows = self._read("SELECT * FROM candidates WHERE id=?", (candidate_id,))
@@ -300,10 +343,13 @@ class KernelDB(_Connection):
             "evaluations": EvalRow,
             "runs": RunRow,
             "llm_cache": LLMRow,
+            "candidate_parents": ParentRow,
+            "population": PopulationRow,
         }
         out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
         with self._snapshot() as c:
             for table, cls in kinds.items():
-                order = "key" if table == "llm_cache" else "id"
+                order = {"llm_cache": "key", "candidate_parents": "candidate_id, position"}.get(table, "id")
+                order = "run_id, generation, rank" if table == "population" else order
                 out[table] = [asdict(self._decode(cls, r)) for r in _rows(c, f"SELECT * FROM {table} ORDER BY {order}")]
         return out

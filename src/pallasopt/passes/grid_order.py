@@ -28,8 +28,6 @@ from ..ir.kernel_ir import KernelIR
 from ..ir.pipelining import order_keeps_outputs_consecutive
 from .base import Pass
 
-MAX_CHOICES = 3
-
 
 @dataclass(frozen=True)
 class GridOrderPass(Pass):
@@ -61,7 +59,7 @@ class GridOrderPass(Pass):
                 if traffic < base:
                     scored.append((traffic, perm))
             scored.sort()
-            out.extend(cls(call=c.index, order=perm) for _, perm in scored[:MAX_CHOICES])
+            out.extend(cls(call=c.index, order=perm) for _, perm in scored)  # fewest bytes first: strategies truncate
         return tuple(out)
 
     def apply(self, ir: KernelIR) -> KernelIR:

@@ -18,7 +18,6 @@ from ..ir.kernel_ir import KernelIR
 from ..ir.knobs import Knob, discover_knobs, scaled_values
 from .base import Pass
 
-MAX_CHOICES = 12
 SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -132,7 +131,7 @@ class TilePass(Pass):
                 p = cls(call=call.index, sizes=tuple((k.name, s) for k, s in chosen if s != k.value))
                 scored.append((t, p))
             scored.sort(key=lambda x: (x[0], x[1].spec()))
-            out.extend(p for _, p in scored[:MAX_CHOICES])
+            out.extend(p for _, p in scored)  # the whole space, model-best first: strategies truncate
         return tuple(out)
 
 

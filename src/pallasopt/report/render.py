@@ -15,7 +15,8 @@ from ..passes.pipeline import unified_diff
 from .summary import MARKDOWN, summary_lines
 
 
-def _roofline_plot(path: Path, base: KernelIR, best: KernelIR, chip: Chip) -> None:
+def _components_plot(path: Path, base: KernelIR, best: KernelIR, chip: Chip) -> None:
+    """The model's time components of baseline and best, side by side (they overlap: the estimate is their max)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -24,17 +25,68 @@ def _roofline_plot(path: Path, base: KernelIR, best: KernelIR, chip: Chip) -> No
     fig, ax = plt.subplots(figsize=(7, 4))
     parts = ("dma_s", "mxu_s", "vpu_s", "eup_s", "overhead_s")
     labels = ("HBM DMA", "MXU", "VPU", "EUP", "step overhead")
+    width = 0.16
     for i, ir in enumerate((base, best)):
         est = estimate_calls(ir.calls, chip)
-        left = 0.0
-        for part, label in zip(parts, labels, strict=True):
+        for j, (part, label) in enumerate(zip(parts, labels, strict=True)):
             v = sum(getattr(c, part) for c in est.calls) * 1e3
-            ax.barh(i, v, left=left, label=label if i == 0 else None, color=f"C{parts.index(part)}")
-            left += v
-        ax.text(left, i, f"  est. {est.time_s * 1e3:.3f} ms", va="center")
+            ax.barh(i + (j - 2) * width, v, height=width, label=label if i == 0 else None, color=f"C{j}")
+        ax.text(0, i + 0.45, f"est. {est.time_s * 1e3:.3f} ms", va="center", fontsize=8)
     ax.set_yticks([0, 1], ["baseline", "best"])
-    ax.set_xlabel(f"ms on {chip.name} (model; components overlap, the estimate is their roofline max)")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.set_xlabel(f"ms on {chip.name} (model; components overlap, the estimate is about their max)")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def roofline_points(nodes: list[dict[str, Any]]) -> list[tuple[float, float, dict[str, Any]]]:
+    """(arithmetic intensity FLOP/byte, attained FLOP/s, node) for every node with a model verdict and a time: FLOPs
+    and HBM bytes from the model's per-call figures, time at the run's ranking tier (the model's when it has none)."""
+    out = []
+    for n in nodes:
+        calls = ((n.get("tiers") or {}).get("model") or {}).get("data", {}).get("calls") or []
+        flops = sum(float(c.get("flops") or 0) for c in calls)
+        nbytes = sum(float(c.get("bytes") or 0) for c in calls)
+        t = n.get("time_s") or n.get("model_s")
+        if flops > 0 and nbytes > 0 and t:
+            out.append((flops / nbytes, flops / float(t), n))
+    return out
+
+
+def _roofline_plot(path: Path, nodes: list[dict[str, Any]], base_digest: str, best_digest: str, chip: Chip) -> None:
+    """The roofline people mean: arithmetic intensity vs attainable FLOP/s, log-log, the chip's compute roof (bf16
+    and f32) and HBM-bandwidth roof, every candidate faint, the baseline and the best as marked points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = roofline_points(nodes)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    bw = chip.device_hbm_bw_bytes_s
+    xs = [p[0] for p in pts] or [1.0]
+    lo, hi = min(min(xs) / 4, 0.1), max(max(xs) * 4, 4 * chip.device_peak_bf16_flops / bw)
+    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    for dtype, style in (("bfloat16", "-"), ("float32", ":")):
+        peak = chip.device_peak_flops(dtype)
+        ax.plot(grid, [min(peak, x * bw) for x in grid], "k" + style, lw=1.2, label=f"roof, {dtype} peak")
+    others = [p for p in pts if p[2].get("digest") not in (base_digest, best_digest)]
+    if others:
+        ax.scatter([p[0] for p in others], [p[1] for p in others], s=10, c="tab:blue", alpha=0.25, label="candidates")
+    for digest, label, color in ((base_digest, "baseline", "tab:red"), (best_digest, "best", "gold")):
+        for x, y, n in pts:
+            if n.get("digest") == digest:
+                ax.scatter([x], [y], s=70, c=color, edgecolors="k", zorder=3, label=label)
+                break
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / HBM byte, model)")
+    ax.set_ylabel("attained FLOP/s (FLOPs / time at the ranking tier)")
+    ax.set_title(
+        f"roofline on {chip.name}: HBM {bw / 1e9:.0f} GB/s, bf16 peak {chip.device_peak_bf16_flops / 1e12:.0f} TFLOP/s"
+    )
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -56,9 +108,10 @@ def _tree(path_png: Path, path_graphml: Path, nodes: list[dict[str, Any]], best:
             time_s=n["time_s"] if n["time_s"] is not None else -1.0,
             depth=n["depth"],
         )
-    for n in nodes:
-        if n["parent"] and n["parent"] in g:
-            g.add_edge(n["parent"], n["digest"])
+    for n in nodes:  # a DAG: a crossover has two parents
+        for p in n.get("parents") or ([n["parent"]] if n.get("parent") else []):
+            if p in g:
+                g.add_edge(p, n["digest"])
     nx.write_graphml(g, path_graphml)
     for layer in range(max((d for _, d in g.nodes(data="depth")), default=0) + 1):
         members = sorted(n for n, d in g.nodes(data="depth") if d == layer)
@@ -73,15 +126,16 @@ def _tree(path_png: Path, path_graphml: Path, nodes: list[dict[str, Any]], best:
     ]
     fig, ax = plt.subplots(figsize=(10, 5))
     nx.draw(g, pos, ax=ax, node_color=colors, node_size=60, arrows=False, width=0.4)
-    ax.set_title("search tree (gold: best, green: verified, red: rejected, gray: pruned before the check)")
+    ax.set_title("search lineage (gold: best, green: verified, red: rejected, gray: pruned before the check)")
     fig.savefig(path_png, dpi=100)
     plt.close(fig)
 
 
 def write_report(folder: Path, base: KernelIR, outcome: Any, result: Any, chip: Chip) -> Path:
-    """Write report.md, report.html, roofline.png, search_tree.png/.graphml and candidates.json into `folder`."""
+    """Write report.md, report.html, roofline.png, components.png, search_tree.png/.graphml and candidates.json into
+    `folder`. `outcome` None (a result served from the kernel DB): the recipe is replayed on `base` for the diffs."""
     folder.mkdir(parents=True, exist_ok=True)
-    chain = _chain(outcome, result.recipe)
+    chain = _chain(outcome, result.recipe) if outcome is not None else _replayed(base, result.recipe)
     diffs: list[tuple[str, str]] = []
     best_ir = base
     for node in chain:
@@ -89,9 +143,10 @@ def write_report(folder: Path, base: KernelIR, outcome: Any, result: Any, chip: 
             continue
         diffs.append((node.recipe[-1], unified_diff(best_ir.source, node.ir.source, Path(base.path).name)))
         best_ir = node.ir
-    _roofline_plot(folder / "roofline.png", base, best_ir, chip)
+    _components_plot(folder / "components.png", base, best_ir, chip)
     nodes = list(result.nodes)
     best_digest = best_ir.digest
+    _roofline_plot(folder / "roofline.png", nodes, base.digest, best_digest, chip)
     _tree(folder / "search_tree.png", folder / "search_tree.graphml", nodes, best_digest)
     (folder / "candidates.json").write_text(json.dumps(nodes, indent=1, default=str))
     fc = result.final_check.get("data", {})
@@ -117,9 +172,13 @@ def write_report(folder: Path, base: KernelIR, outcome: Any, result: Any, chip: 
         lines += ["", f"### `{spec}`", "", "```diff", diff.rstrip(), "```"]
     lines += [
         "",
-        "## Roofline before / after",
+        "## Roofline",
         "",
         "![roofline](roofline.png)",
+        "",
+        "Model time components, before / after:",
+        "",
+        "![components](components.png)",
         "",
         "## Search tree",
         "",
@@ -145,6 +204,25 @@ def _chain(outcome: Any, recipe: tuple[str, ...]) -> list[Any]:
     """The search nodes from the baseline's first child to the node with `recipe` (no pass is re-applied)."""
     by_recipe = {n.recipe: n for n in outcome.nodes.values()}
     return [by_recipe[recipe[: i + 1]] for i in range(len(recipe)) if recipe[: i + 1] in by_recipe]
+
+
+def _replayed(base: KernelIR, recipe: tuple[str, ...]) -> list[Any]:
+    """Nodes-like steps for `recipe` applied to `base` again (for a result from the DB, which keeps no IRs); stops at
+    a step that cannot be replayed here (an LLM rewrite)."""
+    from types import SimpleNamespace
+
+    from ..passes.registry import parse_pipeline
+
+    out: list[Any] = []
+    ir = base
+    for i, spec in enumerate(recipe):
+        try:
+            (p,) = parse_pipeline(spec)
+            ir = p.apply(ir)
+        except Exception:
+            break
+        out.append(SimpleNamespace(recipe=recipe[: i + 1], ir=ir))
+    return out
 
 
 def _ms(t: Any) -> str:

@@ -15,23 +15,51 @@ class CachedEvaluator:
     """Wraps an evaluator: each (candidate, tier, key) is computed once per database, so repeats and resumes
     lose no finished evaluation. The model tier is cheap and recomputed, but recorded for the report."""
 
-    def __init__(self, inner: Evaluator, db: KernelDB, workload_id: int, target: str) -> None:
+    def __init__(
+        self, inner: Evaluator, db: KernelDB, workload_id: int, target: str, run_id: int | None = None
+    ) -> None:
         self.inner = inner
         self.db = db
         self.workload_id = workload_id
         self.target = target
-        self._ids: dict[tuple[str, ...], int] = {}
+        self.run_id = run_id
+        self._ids: dict[str, int] = {}  # candidate digest -> row id
+        self._parents: dict[str, tuple[KernelIR, ...]] = {}  # digest -> the IRs it was made from (lineage)
+        self._by_recipe: dict[tuple[str, ...], str] = {}  # for callers that tell no lineage
         self.hits = 0
         self.misses = 0
 
+    def lineage(self, ir: KernelIR, parents: tuple[KernelIR, ...]) -> None:
+        """Tell the DB which candidates `ir` was made from (one for a pass, two for a crossover); the search calls
+        this for every new candidate before evaluating it."""
+        self._parents[ir.digest] = tuple(parents)
+
     def candidate_id(self, ir: KernelIR) -> int:
-        recipe = tuple(ir.recipe)
-        if recipe not in self._ids:
-            parent = self._ids.get(recipe[:-1]) if recipe else None
-            self._ids[recipe] = self.db.add_candidate(
-                self.workload_id, ir.digest, ",".join(recipe), ir.source, parent, len(recipe)
+        if ir.digest not in self._ids:
+            recipe = tuple(ir.recipe)
+            parents = self._parents.get(ir.digest)
+            if parents is not None:
+                pids = [self.candidate_id(p) for p in parents]
+            else:  # no lineage told: the candidate one recipe step shorter, if this run has seen it
+                prev = self._by_recipe.get(recipe[:-1]) if recipe else None
+                pids = [self._ids[prev]] if prev is not None else []
+            cid = self.db.add_candidate(
+                self.workload_id, ir.digest, ",".join(recipe), ir.source, pids[0] if pids else None, len(recipe)
             )
-        return self._ids[recipe]
+            if pids:
+                self.db.add_parents(cid, pids)
+            self._ids[ir.digest] = cid
+            self._by_recipe.setdefault(recipe, ir.digest)
+        return self._ids[ir.digest]
+
+    def record_population(self, generation: int, members: list[KernelIR]) -> None:
+        """An evolutionary search's population after `generation`, best first, into the `population` table."""
+        if self.run_id is not None:
+            self.db.put_population(self.run_id, generation, [self.candidate_id(m) for m in members])
+
+    def device_kind(self) -> str | None:
+        fn = getattr(self.inner, "device_kind", None)
+        return fn() if callable(fn) else None
 
     def _cached(self, ir: KernelIR, tier: str, key: str, compute: object) -> TierResult | None:
         """The stored verdict, or `compute()`'s, stored unless it is no verdict (a check cut by the budget)."""
@@ -70,4 +98,6 @@ class CachedEvaluator:
         return result
 
     def hardware(self, ir: KernelIR) -> TierResult | None:
-        return self._cached(ir, "hardware", self.target, lambda: self.inner.hardware(ir))
+        # A time belongs to the chip it was measured on: the key names the device kind JAX sees, not only the target.
+        key = f"{self.target};device={self.device_kind()}"
+        return self._cached(ir, "hardware", key, lambda: self.inner.hardware(ir))

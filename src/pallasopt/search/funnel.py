@@ -11,7 +11,7 @@ tier are recorded on the node and never returned. All compile, check and timing 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ..config import SearchConfig, check_seeds
@@ -58,6 +58,7 @@ class Funnel:
         self.until: dict[str, float] = (
             {} if config.budget_seconds is None else {"deadline": self.start + config.budget_seconds}
         )
+        self._reached: dict[tuple[str, ...], Node] = {}
         self.root = Node(recipe=(), digest=base.digest, parent=None, depth=0, ir=base)
         self.nodes[self.root.digest] = self.root
         self._baseline()
@@ -108,14 +109,18 @@ class Funnel:
         )
 
     # -- proposing (the strategy asks) ------------------------------------------------------------------------------
-    def expand(self, state: Node, passes: Sequence[type[Pass]]) -> list[Node]:
-        """Every new child of `state`: each choice of each pass, applied (duplicates by digest dropped)."""
+    def expand(
+        self, state: Node, passes: Sequence[type[Pass]], per_call: Mapping[str, int] | None = None
+    ) -> list[Node]:
+        """Every new child of `state`: each choice of each pass, applied (duplicates by digest dropped).
+        `per_call`: pass name -> how many of its choices (in the pass's own order, model-best first) to keep for
+        each `pallas_call` (the strategy's truncation; passes return their whole space)."""
         assert state.ir is not None
         children: list[Node] = []
         if state.ir.workload is None:
             return children  # LLM-written code is only ever run in child processes: it is a leaf of the search
         for p in passes:
-            for choice in self.choices(state, p):
+            for choice in truncate(self.choices(state, p), (per_call or {}).get(p.name)):
                 if not self.budget_left():
                     break
                 child = self.child(state, choice)
@@ -135,11 +140,52 @@ class Funnel:
         finally:
             self.ledger.add("passes", self.clock() - t0, 0)
 
+    def follow(self, state: Node, choice: Pass, parents: tuple[str, ...] = ()) -> Node | None:
+        """`choice` applied to `state`: the node it reaches, new or already seen (None: declined or failed)."""
+        recipe = (*state.recipe, choice.spec())
+        if recipe in self._reached:
+            return self._reached[recipe]
+        t0 = self.clock()
+        try:
+            node, new = _expand(state, choice, self.nodes, self.say, parents)
+            if new and node is not None:
+                self._lineage(node)
+        finally:
+            self.ledger.add("passes", self.clock() - t0)
+        if node is not None:
+            self._reached[recipe] = node
+        return node
+
+    def _lineage(self, node: Node) -> None:
+        """Tell the evaluator (the kernel DB) every parent of a new node, if it listens."""
+        tell = getattr(self.evaluator, "lineage", None)
+        if callable(tell) and node.ir is not None:
+            parents = (self.nodes.get(p) for p in node.parents)
+            tell(node.ir, tuple(p.ir for p in parents if p is not None and p.ir is not None))
+
+    def replay(self, state: Node, specs: Sequence[str], parents: tuple[str, ...] = ()) -> Node | None:
+        """Apply the pass specs in order from `state` (`parents` name the lineage of the last step)."""
+        from ..passes.registry import parse_pipeline
+
+        node: Node | None = state
+        for i, spec in enumerate(specs):
+            if node is None or node.ir is None or node.ir.workload is None:
+                return None
+            try:
+                (choice,) = parse_pipeline(spec)
+            except Exception:
+                return None
+            node = self.follow(node, choice, parents if i == len(specs) - 1 else ())
+        return node
+
     def child(self, state: Node, choice: Pass, parents: tuple[str, ...] = ()) -> Node | None:
         """`choice` applied to `state`: a new node, or None (declined, failed: recorded, or already seen)."""
         t0 = self.clock()
         try:
-            return _expand(state, choice, self.nodes, self.say, parents)
+            node, new = _expand(state, choice, self.nodes, self.say, parents)
+            if new and node is not None:
+                self._lineage(node)
+            return node if new else None
         finally:
             self.ledger.add("passes", self.clock() - t0)  # apply + re-trace: budget time too
 
@@ -289,6 +335,20 @@ class Funnel:
         )
 
 
+def truncate(options: Sequence[Pass], per_call: int | None) -> tuple[Pass, ...]:
+    """The first `per_call` options for each `pallas_call` (by the pass's `call` field), order kept."""
+    if per_call is None:
+        return tuple(options)
+    seen: dict[object, int] = {}
+    out = []
+    for o in options:
+        k = getattr(o, "call", None)
+        if seen.get(k, 0) < per_call:
+            seen[k] = seen.get(k, 0) + 1
+            out.append(o)
+    return tuple(out)
+
+
 def _ir(n: Node) -> KernelIR:
     assert n.ir is not None, f"{n.spec} has no IR to evaluate"
     return n.ir
@@ -351,7 +411,8 @@ def _one_per_signature(nodes: list[Node]) -> list[Node]:
 
 def _expand(
     state: Node, choice: Pass, nodes: dict[str, Node], say: ProgressFn, parents: tuple[str, ...] = ()
-) -> Node | None:
+) -> tuple[Node | None, bool]:
+    """The node `choice` makes from `state` and whether it is new (None: declined, or failed: recorded)."""
     assert state.ir is not None
     spec = choice.spec()
     recipe = (*state.recipe, spec)
@@ -360,16 +421,16 @@ def _expand(
         new_ir = choice.apply(state.ir)
     except PassNotApplicable as e:
         say("declined", {"recipe": recipe, "reason": e.reason})
-        return None
+        return None, False
     except Exception as e:  # a candidate that breaks is a result, never the end of the search
         digest = f"failed:{'|'.join(recipe)}"
         nodes[digest] = Node(
             recipe, digest, lineage[0], state.depth + 1, None, error=f"{type(e).__name__}: {e}", parents=lineage
         )
         say("failed", {"recipe": recipe, "error": str(e)})
-        return None
+        return None, False
     if new_ir.digest in nodes:
-        return None
+        return nodes[new_ir.digest], False
     node = Node(recipe, new_ir.digest, lineage[0], state.depth + 1, new_ir, parents=lineage)
     nodes[node.digest] = node
-    return node
+    return node, True

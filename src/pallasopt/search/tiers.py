@@ -166,15 +166,21 @@ class Tiers:
 
             return self.executor.unavailable(hardware_needs(self.chip))
         if tier == "hardware":
-            from ..harness.timing import accelerator_kind
-
-            kind = accelerator_kind()
-            if kind is None:
+            device = self.device_kind()
+            if device is None:
                 return "no TPU or GPU visible to JAX on this machine"
-            device = kind.partition(": ")[2]
             if device != self.chip.device_kind:
                 return f"the visible accelerator is {device}, not the target {self.chip.name} ({self.chip.device_kind})"
         return None
+
+    def device_kind(self) -> str | None:
+        """The `device_kind` of the accelerator JAX sees here ("TPU v5 lite"), None without one (probed once)."""
+        if not hasattr(self, "_device"):
+            from ..harness.timing import accelerator_kind
+
+            kind = accelerator_kind()
+            self._device = kind.partition(": ")[2] if kind else None
+        return self._device
 
     def model(self, ir: KernelIR) -> TierResult:
         return model_tier(ir, self.chip)
@@ -237,6 +243,12 @@ class Tiers:
         if self.unavailable("hardware") is not None:  # no accelerator, or not the target's kind
             return None
         r = self.executor.run(time_job(ir.source, ir.path, self.chip))
+        timed_on = str(r.get("device") or "").partition(": ")[2]
+        if r.get("ok") and timed_on != self.chip.device_kind:  # the child saw another chip than the probe
+            why = (
+                f"timed on {timed_on or 'an unknown device'}, not the target {self.chip.name} ({self.chip.device_kind})"
+            )
+            return TierResult("hardware", False, None, why, r)
         t = r.get("median_s")
         if t is not None and t < SUSPICIOUS * roofline_floor(ir, self.chip):
             r = {**r, "below_floor": True, "floor_s": roofline_floor(ir, self.chip)}

@@ -1,0 +1,126 @@
+"""Evolutionary search: a population of verified recipes, mutated and crossed, selected by the tiers' score.
+
+Each generation makes `beam x PRUNE_FACTOR x 2` offspring from parents picked by tournament (two at random, the
+faster wins): a mutation (change one pass's parameter, insert a pass at a random position, drop one; with `--llm`
+also an LLM rewrite of the member, the `llm-rewrite` pass appended) or a crossover (the head of one parent's recipe,
+the tail of the other's, replayed from the baseline; the child names both parents). The funnel prunes them with the
+model to `2 x beam` compiles, checks in rank order and returns only verified members; the population is the best
+`beam` of old and new (elitism: the best never leaves). Only verified members ever enter the population, so nothing
+unverified can be returned. `depth` generations; seeded by `SearchConfig.seed`. Each generation's population is
+recorded through the evaluator (the kernel DB, with CachedEvaluator), and a resumed run replays the same choices with
+every finished evaluation served from the DB.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+
+from ..config import SearchConfig
+from ..cost_model.hardware import Chip
+from ..ir.kernel_ir import KernelIR
+from ..passes.base import Pass
+from .funnel import PRUNE_FACTOR, Funnel
+from .node import Node, ProgressFn, SearchOutcome
+from .tiers import Evaluator
+
+CROSSOVER_P = 0.3  # share of offspring made by crossover (when the population has two members)
+MAX_TRIES = 10  # proposals tried per wanted offspring before a generation gives up
+
+
+def _name(spec: str) -> str:
+    return spec.split("{", 1)[0]
+
+
+def mutate(f: Funnel, member: Node, passes: Sequence[type[Pass]], rng: random.Random, llm: bool) -> Node | None:
+    """One random mutation of `member` (None: it did not apply)."""
+    r = member.recipe
+    kinds = ["insert", "insert"] + (["change", "drop"] if r else []) + (["llm"] if llm else [])
+    kind = rng.choice(kinds)
+    if kind == "llm":
+        by = {p.name: p for p in passes}
+        if "llm-rewrite" not in by:
+            return None
+        rewrites = f.choices(member, by["llm-rewrite"])
+        return f.follow(member, rewrites[rng.randrange(len(rewrites))], (member.digest,)) if rewrites else None
+    if kind == "drop":
+        i = rng.randrange(len(r))
+        return f.replay(f.root, r[:i] + r[i + 1 :], (member.digest,))
+    i = rng.randrange(len(r) + 1) if kind == "insert" else rng.randrange(len(r))
+    head = f.replay(f.root, r[:i])
+    if head is None or head.ir is None or head.ir.workload is None:
+        return None
+    candidates = list(passes) if kind == "insert" else [p for p in passes if p.name == _name(r[i])]
+    if not candidates:
+        return None
+    p = candidates[rng.randrange(len(candidates))]
+    options = [o for o in f.choices(head, p) if kind == "insert" or o.spec() != r[i]]
+    if not options:
+        return None
+    spec = options[rng.randrange(len(options))].spec()
+    tail = r[i:] if kind == "insert" else r[i + 1 :]
+    return f.replay(head, (spec, *tail), (member.digest,))
+
+
+def tournament(f: Funnel, population: Sequence[Node], rng: random.Random) -> Node:
+    """Two members at random; the faster one (ties by recipe)."""
+    x, y = rng.choice(population), rng.choice(population)
+    return min(x, y, key=lambda n: (f.key(n), n.spec))
+
+
+def crossover(f: Funnel, a: Node, b: Node, rng: random.Random) -> Node | None:
+    """`a`'s recipe up to a random cut, then `b`'s from a random cut; both are its parents."""
+    i, j = rng.randint(0, len(a.recipe)), rng.randint(0, len(b.recipe))
+    specs = a.recipe[:i] + b.recipe[j:]
+    if not specs:
+        return None
+    return f.replay(f.root, specs, (a.digest, b.digest))
+
+
+def evolve_search(
+    base: KernelIR,
+    passes: Sequence[type[Pass]],
+    evaluator: Evaluator,
+    chip: Chip,
+    config: SearchConfig,
+    *,
+    progress: ProgressFn | None = None,
+    seeds: tuple[int, int] | None = None,
+) -> SearchOutcome:
+    f = Funnel(base, evaluator, chip, config, progress=progress, seeds=seeds, clock=lambda: time.perf_counter())
+    rng = random.Random(config.seed)
+    population = [f.root]
+    want = config.beam * PRUNE_FACTOR * 2
+    record = getattr(evaluator, "record_population", None)
+    stop = "depth limit"
+    for gen in range(1, config.depth + 1):
+        if not f.budget_left():
+            stop = "budget"
+            break
+
+        offspring: dict[str, Node] = {}
+        for _ in range(want * MAX_TRIES):
+            if len(offspring) >= want or not f.budget_left():
+                break
+            if len(population) > 1 and rng.random() < CROSSOVER_P:
+                child = crossover(f, tournament(f, population, rng), tournament(f, population, rng), rng)
+            else:
+                child = mutate(f, tournament(f, population, rng), passes, rng, config.llm)
+            if child is not None and child.ir is not None and "model" not in child.results:
+                offspring[child.digest] = child
+        f.say("expanded", {"depth": gen, "children": len(offspring)})
+        if not offspring:
+            stop = "no applicable pass"
+            break
+        worst = max(f.key(n) for n in population) if len(population) >= config.beam else float("inf")
+        verified = f.evaluate(offspring.values(), config.beam, worst)
+        merged = {n.digest: n for n in population + verified}.values()
+        population = sorted(merged, key=lambda n: (f.key(n), n.spec))[: config.beam]
+        if callable(record) and population[0].ir is not None:
+            record(gen, [n.ir for n in population if n.ir is not None])
+        f.say("depth", {"depth": gen, "best": population[0], "time_s": f.key(population[0]), "tier": f.score_tier})
+        if f.cut:
+            stop = "budget"
+            break
+    return f.outcome(stop, "evolve")

@@ -1,0 +1,261 @@
+"""The search strategies (beam, evolve, random, exhaustive) on the shared funnel, driven by fake tiers: determinism,
+the budget held, resume after an interruption, nothing unverified returned, lineage in the DB; and the run-level
+fixes of issue 16 (report from the DB, --seed, one config object, hardware device kind, python -m, roofline)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from pallasopt.config import SearchConfig, check_seeds
+from pallasopt.cost_model.hardware import get_chip
+from pallasopt.errors import UsageError
+from pallasopt.ir.kernel_ir import KernelIR
+from pallasopt.optimize import final_seeds, optimize
+from pallasopt.passes.tile import TilePass
+from pallasopt.search.strategies import STRATEGIES
+from pallasopt.search.tiers import TierResult, model_tier
+
+V5E = get_chip("v5e")
+SOFTMAX = ROOT / "examples" / "softmax.py"
+NAMES = tuple(STRATEGIES)
+
+
+def rows(ir: KernelIR) -> int:
+    return ir.calls[0].operands[0].block_shape[0]
+
+
+class Fake:
+    """Compiler = model x 1.25; check fails for the block rows in `bad`; records every call and the seeds used."""
+
+    def __init__(self, bad: frozenset[int] = frozenset()) -> None:
+        self.bad = bad
+        self.calls = {"model": 0, "compiler": 0, "check": 0, "hardware": 0}
+        self.seeds: list[tuple[int, ...]] = []
+
+    def model(self, ir: KernelIR) -> TierResult:
+        self.calls["model"] += 1
+        return model_tier(ir, V5E)
+
+    def compiler(self, ir: KernelIR) -> TierResult | None:
+        self.calls["compiler"] += 1
+        t = model_tier(ir, V5E).time_s
+        return TierResult("compiler", True, (t or 0.0) * 1.25, "fake table")
+
+    def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
+        self.calls["check"] += 1
+        self.seeds.append(tuple(seeds))
+        return TierResult("check", rows(ir) not in self.bad, None, "fake check")
+
+    def hardware(self, ir: KernelIR) -> TierResult | None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def softmax_ir() -> KernelIR:
+    return KernelIR.from_file(SOFTMAX)
+
+
+def search(ir: KernelIR, tiers: Fake, strategy: str, **kw: object):
+    cfg = SearchConfig(**{"beam": 2, "depth": 2, "jobs": 1, "strategy": strategy, **kw})  # type: ignore[arg-type]
+    return STRATEGIES[strategy](ir, (TilePass,), tiers, V5E, cfg)
+
+
+@pytest.mark.parametrize("strategy", NAMES)
+def test_each_strategy_is_deterministic_and_returns_only_verified(softmax_ir, strategy) -> None:
+    a, b = search(softmax_ir, Fake(), strategy), search(softmax_ir, Fake(), strategy)
+    assert a.best.recipe == b.best.recipe and sorted(a.nodes) == sorted(b.nodes) and a.strategy == strategy
+    assert a.best.passed("check") and a.best is not a.baseline
+    # The winner fails its check: it is never returned, and a verified other one is.
+    bad = search(softmax_ir, Fake(bad=frozenset({rows(a.best.ir)})), strategy)
+    assert bad.best.passed("check") and rows(bad.best.ir) != rows(a.best.ir)
+
+
+@pytest.mark.parametrize("strategy", NAMES)
+def test_each_strategy_holds_the_candidate_budget(softmax_ir, strategy) -> None:
+    out = search(softmax_ir, Fake(), strategy, max_candidates=4)
+    assert len(out.nodes) <= 4
+
+
+def test_exhaustive_finds_the_optimum_and_others_do_not_beat_it(softmax_ir) -> None:
+    ex = search(softmax_ir, Fake(), "exhaustive", depth=2)
+    best = ex.score(ex.best)
+    brute = min(s.time_s for n in ex.nodes.values() if n.passed("check") and (s := ex.score(n)) is not None)
+    assert best is not None and best.time_s == brute
+    # every depth-1 tile choice was reached (passes return their whole space; nothing truncated)
+    assert len(TilePass.choices(softmax_ir, V5E)) <= sum(1 for n in ex.nodes.values() if n.depth == 1)
+    for name in ("beam", "evolve", "random"):
+        other = search(softmax_ir, Fake(), name)
+        s = other.score(other.best)
+        assert s is not None and s.time_s >= best.time_s
+
+
+def _kernel(tmp_path):
+    k = tmp_path / "softmax.py"
+    k.write_text(SOFTMAX.read_text())
+    return k
+
+
+@pytest.mark.parametrize("strategy", ("evolve", "random", "exhaustive"))
+def test_interrupted_strategy_resumes_without_redoing_evaluations(tmp_path, strategy) -> None:
+    kernel = _kernel(tmp_path)
+    cfg = SearchConfig(beam=2, depth=2, jobs=1, strategy=strategy, passes=("tile",))
+
+    class Interrupting(Fake):
+        def check(self, ir, seeds, deadline=None):
+            if self.calls["check"] >= 2:
+                raise KeyboardInterrupt
+            return super().check(ir, seeds)
+
+    first = Interrupting()
+    with pytest.raises(KeyboardInterrupt):
+        optimize(kernel, cfg, db_path=tmp_path / "k.db", evaluator=first)
+    second = Fake()
+    r = optimize(kernel, cfg, db_path=tmp_path / "k.db", evaluator=second, resume=True)
+    reference = Fake()
+    ref = optimize(kernel, cfg, db_path=tmp_path / "other.db", evaluator=reference)
+    assert r.correct and r.recipe == ref.recipe and r.strategy == strategy
+    assert second.calls["check"] == reference.calls["check"] - 2  # the two finished checks were not redone
+
+
+def test_evolve_keeps_its_population_and_lineage_in_the_db(tmp_path) -> None:
+    from pallasopt.db.store import KernelDB
+
+    kernel = _kernel(tmp_path)
+    cfg = SearchConfig(beam=3, depth=3, jobs=1, strategy="evolve", seed=3)
+    r = optimize(kernel, cfg, db_path=tmp_path / "k.db", evaluator=Fake())
+    assert r.correct
+    with KernelDB.open(tmp_path / "k.db") as db:
+        (w,) = db.workloads()
+        run = db.last_run(w.id)
+        pop = db.population(run.id)
+        cands = {c.id: c for c in db.candidates(w.id)}
+        assert {p.generation for p in pop} == {1, 2, 3} and all(p.candidate_id in cands for p in pop)
+        best = next(p for p in pop if p.generation == 3 and p.rank == 0)
+        assert cands[best.candidate_id].recipe == ",".join(r.recipe)
+        parents = {cid: db.parents(cid) for cid in cands}
+    root = next(c for c in cands.values() if not c.recipe)
+    assert parents[root.id] == []
+    # every candidate but the root names its parents, and they were made before it
+    assert all(ps and all(p < cid for p in ps) for cid, ps in parents.items() if cid != root.id)
+    assert any(len(ps) == 2 for ps in parents.values()), "no crossover child recorded two parents"
+    tree = {n["digest"]: n for n in r.nodes}
+    assert any(len(n["parents"]) == 2 for n in tree.values())
+
+
+def test_a_crossover_child_is_not_filed_under_its_recipe_prefix(tmp_path) -> None:
+    """search/cached.py used to take `recipe[:-1]` as the parent; the lineage the search tells wins now."""
+    from pallasopt.db.store import KernelDB
+    from pallasopt.search.cached import CachedEvaluator
+
+    kernel = _kernel(tmp_path)
+    base = KernelIR.from_file(kernel)
+    a = TilePass.choices(base, V5E)[0].apply(base)
+    b = TilePass.choices(base, V5E)[1].apply(base)
+    child = TilePass.choices(a, V5E)[-1].apply(a)
+    with KernelDB.open(tmp_path / "k.db") as db:
+        wid = db.workload(base.digest, str(kernel), dict(base.dims), "v5e", {})
+        ev = CachedEvaluator(Fake(), db, wid, "v5e")
+        ev.lineage(child, (b, a))  # a crossover: b's head, a's tail
+        ev.model(base)
+        cid = ev.candidate_id(child)
+        assert db.parents(cid) == [ev.candidate_id(b), ev.candidate_id(a)]
+        assert db.candidate(cid).parent_id == ev.candidate_id(b)
+
+
+# ---- issue 16's fixes ---------------------------------------------------------------------------------------------
+
+
+def test_report_is_written_when_the_result_comes_from_the_db(tmp_path) -> None:
+    kernel = _kernel(tmp_path)
+    cfg = SearchConfig(beam=2, depth=1, jobs=1, passes=("tile",))
+    first = optimize(kernel, cfg, db_path=tmp_path / "k.db", evaluator=Fake())
+    again = optimize(kernel, cfg, db_path=tmp_path / "k.db", evaluator=Fake(), report_dir=tmp_path / "rep")
+    assert again.from_cache and again.recipe == first.recipe and again.report_path
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert first.recipe[0] in md and "```diff" in md  # the recipe was replayed for its diff
+    for f in ("roofline.png", "components.png", "search_tree.png", "candidates.json"):
+        assert (tmp_path / "rep" / f).stat().st_size > 0
+
+
+def test_seed_drives_the_check_seeds(tmp_path) -> None:
+    kernel = _kernel(tmp_path)
+    seen = {}
+    for seed in (0, 2):
+        tiers = Fake()
+        cfg = SearchConfig(beam=2, depth=1, jobs=1, passes=("tile",), seed=seed)
+        optimize(kernel, cfg, db_path=tmp_path / f"k{seed}.db", evaluator=tiers)
+        seen[seed] = set(tiers.seeds)
+    assert check_seeds(0) == (101, 202) and check_seeds(0) in seen[0] and final_seeds(0) in seen[0]
+    assert check_seeds(2) in seen[2] and final_seeds(2) in seen[2] and not seen[0] & seen[2]
+
+
+def test_optimize_takes_one_config_object(tmp_path) -> None:
+    kernel = _kernel(tmp_path)
+    cfg = SearchConfig(beam=2, depth=1, jobs=1, passes=("tile",))
+    a = optimize(kernel, cfg, db_path=tmp_path / "a.db", evaluator=Fake())
+    b = optimize(kernel, beam=2, depth=1, jobs=1, passes=("tile",), db_path=tmp_path / "b.db", evaluator=Fake())
+    assert a.recipe == b.recipe
+    with pytest.raises(UsageError, match="unknown option 'beam_width'"):
+        optimize(kernel, beam_width=3, db_path=tmp_path / "c.db", evaluator=Fake())
+    with pytest.raises(UsageError, match="unknown search strategy"):
+        SearchConfig(strategy="annealing")
+
+
+def test_hardware_is_keyed_by_the_device_it_ran_on(tmp_path, monkeypatch) -> None:
+    import pallasopt.harness.timing as timing
+    from pallasopt.db.store import KernelDB
+    from pallasopt.search.cached import CachedEvaluator
+    from pallasopt.search.tiers import Tiers
+
+    base = KernelIR.from_file(_kernel(tmp_path))
+    # the probe sees the target's chip but the timing child ran on another: no time is taken from it
+    monkeypatch.setattr(timing, "accelerator_kind", lambda: "tpu: TPU v5 lite")
+    monkeypatch.setattr(timing, "time_kernel", lambda s, p: {"ok": True, "median_s": 1e-3, "device": "tpu: TPU v4"})
+    r = Tiers(V5E).hardware(base)
+    assert r is not None and not r.ok and "timed on TPU v4, not the target v5e" in r.message
+
+    class Timed(Fake):
+        def __init__(self, kind: str) -> None:
+            super().__init__()
+            self.kind = kind
+
+        def device_kind(self) -> str:
+            return self.kind
+
+        def hardware(self, ir):
+            self.calls["hardware"] += 1
+            return TierResult("hardware", True, 1e-3, "fake", {"device": f"tpu: {self.kind}"})
+
+    with KernelDB.open(tmp_path / "k.db") as db:
+        wid = db.workload(base.digest, "k.py", dict(base.dims), "v5e", {})
+        one, other = Timed("TPU v5 lite"), Timed("TPU v6 lite")
+        CachedEvaluator(one, db, wid, "v5e").hardware(base)
+        CachedEvaluator(one, db, wid, "v5e").hardware(base)  # served from the DB
+        CachedEvaluator(other, db, wid, "v5e").hardware(base)  # another chip: not served the first one's time
+        keys = {e.key for e in db.evaluations(wid, tier="hardware")}
+    assert one.calls["hardware"] == 1 and other.calls["hardware"] == 1
+    assert keys == {"v5e;device=TPU v5 lite", "v5e;device=TPU v6 lite"}
+
+
+def test_python_dash_m_pallasopt_runs_the_cli() -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "pallasopt", "run", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0 and "--strategy" in p.stdout and "exhaustive" in p.stdout
+
+
+def test_roofline_points_are_intensity_and_attained_flops() -> None:
+    from pallasopt.report.render import roofline_points
+
+    node = {
+        "digest": "d",
+        "time_s": 2e-3,
+        "model_s": 1e-3,
+        "tiers": {"model": {"data": {"calls": [{"flops": 4e9, "bytes": 2e6}, {"flops": 0, "bytes": 2e6}]}}},
+    }
+    ((ai, flops_s, n),) = roofline_points([node, {"digest": "x", "time_s": None, "model_s": None, "tiers": {}}])
+    assert ai == pytest.approx(4e9 / 4e6) and flops_s == pytest.approx(4e9 / 2e-3) and n is node
