@@ -95,13 +95,46 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--max-candidates", type=int, default=None)
     p.add_argument("--passes", default="", help="comma-separated pass names to search over (default: all)")
     p.add_argument("--no-compile", action="store_true", help="skip the deviceless TPU compiler tier")
-    p.add_argument("--jobs", type=int, default=2, help="evaluations run in parallel (child processes)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="evaluations run in parallel (with --executor ray: up to the cluster's CPUs)",
+    )
+    add_executor_options(p)
     p.add_argument("--seed", type=int, default=0, help="drives the check seeds and the random choices of evolve/random")
     p.add_argument("--llm", action="store_true", help="add LLM rewrites (needs ANTHROPIC_API_KEY; cached in the DB)")
     p.add_argument("--llm-max-requests", type=int, default=20, help="cap on LLM requests in this run")
     p.add_argument("--force", action="store_true", help="overwrite an existing file named by -o")
     add_load_timeout(p)
     p.set_defaults(handler=cmd_run)
+
+
+def add_executor_options(p: Any) -> None:
+    """--executor / --ray-address (run and bench)."""
+    p.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="where compiles, checks and timings run: local child processes, or Ray tasks (extra 'ray')",
+    )
+    p.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        default=None,
+        help="with --executor ray: the cluster to join, e.g. ray://head:10001 or head:6379 (default RAY_ADDRESS; "
+        "with neither, a local Ray instance is started for the run)",
+    )
+
+
+def check_executor(args: argparse.Namespace) -> None:
+    """Before any work: --ray-address without --executor ray, or Ray missing for it, is one line."""
+    if args.ray_address and args.executor != "ray":
+        raise UsageError("--ray-address needs --executor ray")
+    if args.executor == "ray":
+        from .executors.ray_cluster import require_ray
+
+        require_ray()
 
 
 def _add_replay(sub: Any) -> None:
@@ -257,6 +290,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from .report.progress import RunDisplay
 
     names = tuple(n.strip() for n in args.passes.split(",") if n.strip())
+    check_executor(args)
     read_file(args.file)  # a missing kernel is named before its outputs are
     check_run_outputs(args)  # before the search: a run must not end with nowhere to write
     load_guarded(args.file, args.load_timeout)
@@ -284,6 +318,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             db_path=args.db,
             resume=args.resume,
             fresh=args.fresh,
+            executor=args.executor,
+            ray_address=args.ray_address,
             report_dir=args.report,
             progress=display.event,
         )

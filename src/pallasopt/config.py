@@ -22,11 +22,12 @@ class Env:
     db_path: Path | None = None  # PALLASOPT_DB overrides the default `.pallasopt/` beside the kernel
     python: str | None = None  # PALLASOPT_PYTHON: interpreter for evaluation subprocesses
     no_color: bool = False
+    ray_address: str | None = None  # RAY_ADDRESS: the Ray cluster `--executor ray` joins (else a local instance)
 
 
 def read_env(environ: Mapping[str, str] | None = None) -> Env:
     """Read pallasopt's environment variables (ANTHROPIC_API_KEY, PALLASOPT_MODEL, PALLASOPT_DB, PALLASOPT_PYTHON,
-    NO_COLOR)."""
+    NO_COLOR, RAY_ADDRESS)."""
     e = os.environ if environ is None else environ
     db = e.get("PALLASOPT_DB")
     return Env(
@@ -35,7 +36,13 @@ def read_env(environ: Mapping[str, str] | None = None) -> Env:
         db_path=Path(db) if db else None,
         python=e.get("PALLASOPT_PYTHON") or None,
         no_color=bool(e.get("NO_COLOR")),
+        ray_address=e.get("RAY_ADDRESS") or None,
     )
+
+
+# Set (never read) before Ray is imported to start a local instance: Ray's switch for a single-node cluster makes
+# every Ray process bind 127.0.0.1 (ray/_private/services.py get_node_ip_address), and no usage report is sent.
+RAY_LOCAL_ENV: Mapping[str, str] = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 # Variables removed from every evaluation subprocess: candidate code never sees credentials.

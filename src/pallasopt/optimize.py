@@ -19,6 +19,7 @@ from .config import SearchConfig, read_env
 from .cost_model.hardware import Chip, UnknownTarget, get_chip
 from .db.store import KernelDB, default_path
 from .errors import EnvironmentProblem, KernelError, UsageError
+from .executors import Executor, make_executor
 from .ir.kernel_ir import KernelIR
 from .ir.library import untunable_notes
 from .outputs import write_atomic  # bench imports it from here too
@@ -217,6 +218,8 @@ def optimize(
     evaluator: Evaluator | None = None,
     write_output: bool = True,
     llm_client: Any = None,
+    executor: str | Executor = "local",
+    ray_address: str | None = None,
     **search: Any,
 ) -> Result:
     """Optimize a kernel module (a file path, or source text with `path=` for messages).
@@ -227,6 +230,11 @@ def optimize(
     Every evaluation goes to the kernel database (`db_path`, default `.pallasopt/kernels.db` beside the kernel), so a
     repeated run is served from it and `resume=True` continues an interrupted one. `report_dir`: write the report
     there (also when the result comes from the database).
+
+    `executor`: where compiles, checks and timings run: "local" (child processes of this host), "ray" (tasks of
+    the Ray cluster at `ray_address`, else RAY_ADDRESS, else a local Ray instance for this run), or an `Executor`
+    the caller owns (bench shares one between searches); `jobs` of them are in flight at once. The database stays
+    here: workers only return records.
     """
     start = time.perf_counter()
     config = _search_config(config, search)
@@ -247,8 +255,12 @@ def optimize(
         raise EnvironmentProblem("--llm needs ANTHROPIC_API_KEY", hint="export it, or drop --llm")
     db_file = Path(db_path) if db_path else (env.db_path or default_path(kernel_path))
     out_path = kernel_path if in_place else Path(output) if output else default_output(kernel_path)
-    inner = evaluator or Tiers(chip, use_compiler=config.use_compiler)
-    with KernelDB.open(db_file) as db:
+    owned = contextlib.ExitStack()
+    if isinstance(executor, str):
+        executor = make_executor(executor, ray_address or (env.ray_address if executor == "ray" else None))
+        owned.callback(executor.close)
+    inner = evaluator or Tiers(chip, use_compiler=config.use_compiler, executor=executor)
+    with owned, KernelDB.open(db_file) as db:
         wid = db.workload(base.digest, str(kernel_path), dict(base.dims), chip.name, _versions())
         key = json.loads(json.dumps(_config_key(config, selected, inner)))
         last = db.last_run(wid)

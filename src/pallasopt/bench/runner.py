@@ -153,6 +153,9 @@ def _add_bench(sub: Any) -> None:
     p.add_argument("--db", default=None, help="kernel database (default OUT/bench.db): a rerun resumes from it")
     p.add_argument("--budget-seconds", type=float, default=None, help="search budget per kernel")
     p.add_argument("--jobs", type=int, default=2, help="evaluations run in parallel per search")
+    from ..commands import add_executor_options
+
+    add_executor_options(p)  # --executor ray: also several kernels' searches at once, sharing the cluster
     p.add_argument(
         "--merge",
         nargs="+",
@@ -230,6 +233,9 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         console.print("wrote " + ", ".join(str(p) for p in paths.values()))
         return ExitCode.OK
 
+    from ..commands import check_executor
+
+    check_executor(args)
     external = bool(args.jaxbench or args.maxkernel)
     chip = resolve_target(args.target or ("v6e" if args.jaxbench else "v5e"))
     beam, depth = QUICK_SEARCH if args.quick else SUITE_SEARCH
@@ -273,25 +279,38 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     console.print(
         f"[bold]pallasopt bench[/] {len(kernels)} kernels, target {chip.name}, beam {beam}, depth {depth}, db {db}"
     )
-    rows, paths = run_suite(
-        kernels,
-        out,
-        stem,
-        meta,
-        console=console,
-        estimator=estimator,
-        failed=failed,
-        notes=notes,
-        target=chip.name,
-        beam=beam,
-        depth=depth,
-        db_path=db,
-        jobs=args.jobs,
-        budget_seconds=args.budget_seconds,
-        use_compiler=not args.no_compile,
-        strategy=args.strategy,
-        fresh=args.fresh,
-    )
+    from ..config import read_env
+    from ..executors import make_executor
+    from .parallel import kernels_in_flight, run_parallel
+
+    address = args.ray_address or (read_env().ray_address if args.executor == "ray" else None)
+    executor = make_executor(args.executor, address)
+    opts: dict[str, Any] = {
+        "target": chip.name,
+        "beam": beam,
+        "depth": depth,
+        "db_path": db,
+        "jobs": args.jobs,
+        "budget_seconds": args.budget_seconds,
+        "use_compiler": not args.no_compile,
+        "strategy": args.strategy,
+        "fresh": args.fresh,
+        "executor": executor,
+    }
+    try:
+        if executor.name == "local":
+            rows, paths = run_suite(
+                kernels, out, stem, meta, console=console, estimator=estimator, failed=failed, notes=notes, **opts
+            )
+        else:
+            meta["executor"] = executor.name
+            n = kernels_in_flight(executor.slots(), args.jobs, len(kernels))
+            rows, paths = run_parallel(
+                kernels, out, stem, meta, console=console, estimator=estimator, in_flight=n, failed=failed,
+                notes=notes, **opts,
+            )  # fmt: skip
+    finally:
+        executor.close()
     for k, v in summary_lines(summarize(rows)):
         console.print(f"  {k}: [bold]{v}[/]")
     console.print("wrote " + ", ".join(str(p) for p in paths.values()))
@@ -345,6 +364,7 @@ def _command_line(args: argparse.Namespace) -> str:
         if getattr(args, name) is not None:
             words.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
     words += [f"--kernels '{args.kernels}'"] * bool(args.kernels) + [f"--jobs {args.jobs}"]
+    words += [f"--executor {args.executor}"] * (getattr(args, "executor", "local") != "local")
     words += [f"--out {args.out}"] + [f"--db {args.db}"] * bool(args.db) + ["--no-compile"] * args.no_compile
     return " ".join(words)
 

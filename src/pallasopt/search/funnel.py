@@ -288,7 +288,9 @@ class Funnel:
         self, tier: str, batch: Sequence[Node], seeds: tuple[int, int] | None = None
     ) -> Iterator[TierResult | None]:
         """THE place where compiles, checks and hardware timings run: `batch` at once on `jobs` threads, answers in
-        `batch` order (lazily: an interrupt keeps what finished). An executor replaces this method's body."""
+        `batch` order (lazily: an interrupt keeps what finished). Each thread waits on one job of the evaluator's
+        executor (`Tiers(executor=...)`: local child processes or Ray tasks, executors/); the records come back
+        here, on the driver, where the cached evaluator writes each to the DB in its own transaction."""
         ev, s = self.evaluator, seeds or self.seeds
 
         def fn(n: Node) -> TierResult | None:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from ..cost_model.hardware import Chip
 from ..cost_model.roofline import estimate_calls
 from ..cost_model.wrapper import wrapper_cost
+from ..executors import Executor
 from ..ir.kernel_ir import KernelIR
 
 TIER_LABEL = {
@@ -141,10 +142,21 @@ def roofline_floor(ir: KernelIR, chip: Chip) -> float:
 
 
 class Tiers:
-    """The real tiers for one target chip."""
+    """The real tiers for one target chip; their compiles, checks and timings run on `executor` (default: local
+    child processes)."""
 
-    def __init__(self, chip: Chip, *, use_compiler: bool = True, compile_timeout_s: float = 180.0) -> None:
+    def __init__(
+        self,
+        chip: Chip,
+        *,
+        use_compiler: bool = True,
+        compile_timeout_s: float = 180.0,
+        executor: Executor | None = None,
+    ) -> None:
+        from ..executors.local import LocalExecutor
+
         self.chip = chip
+        self.executor: Executor = executor or LocalExecutor()
         self.compile_timeout_s = compile_timeout_s
         self.compiler_off = _compiler_off(use_compiler, chip)
         self.use_compiler = self.compiler_off is None
@@ -153,6 +165,10 @@ class Tiers:
         """Why `tier` is not available here (None: it is)."""
         if tier == "compiler":
             return self.compiler_off
+        if tier == "hardware" and self.executor.name != "local":  # timed on a cluster host with the chip
+            from ..executors.jobs import hardware_needs
+
+            return self.executor.unavailable(hardware_needs(self.chip))
         if tier == "hardware":
             device = self.device_kind()
             if device is None:
@@ -176,17 +192,21 @@ class Tiers:
     def compiler(self, ir: KernelIR) -> TierResult | None:
         if not self.use_compiler:
             return None
-        from ..cost_model.compiler import compile_module
+        from ..executors.jobs import compile_job
+
+        def compile_at(dims: Mapping[str, int], scale: float) -> Any:
+            job = compile_job(
+                ir.source, ir.path, ir.entry, dims, self.chip.name, steps_scale=scale, timeout_s=self.compile_timeout_s
+            )
+            return self.executor.run(job)
 
         dims, scale = reduce_dims_for_compile(ir)
-        rep = compile_module(
-            ir.source, ir.path, ir.entry, dims, self.chip.name, steps_scale=scale, timeout_s=self.compile_timeout_s
-        )
+        rep = compile_at(dims, scale)
         if not rep.ok and rep.error_kind != "vmem_oom" and scale != 1.0:
             # The reduced dims can break a module's own invariants (e.g. query heads < KV heads): compile the real
             # size instead (slower with the profile, but the answer is for the size the user asked about).
             dims, scale = dict(ir.dims), 1.0
-            rep = compile_module(ir.source, ir.path, ir.entry, dims, self.chip.name, timeout_s=self.compile_timeout_s)
+            rep = compile_at(dims, scale)
         data = {"dims": dims, "steps_scale": scale, "report": _report_dict(rep), "error_kind": rep.error_kind or ""}
         if not rep.ok:
             return TierResult("compiler", False, None, f"{rep.error_kind}: {rep.error}", data)
@@ -209,12 +229,12 @@ class Tiers:
     def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
         """The interpret-mode oracle; with a `deadline` (the search's budget) the child is stopped there, and a check
         cut short that way is marked ``budget_cut`` (no verdict on the kernel: the DB does not keep it)."""
-        from ..harness.check import check
+        from ..executors.jobs import check_job
 
         timeout = CHECK_TIMEOUT_S
         if deadline is not None:
             timeout = min(timeout, max(MIN_CHECK_S, deadline - time.perf_counter()))
-        r = check(ir.source, ir.path, seeds=seeds, timeout_s=timeout)
+        r = self.executor.run(check_job(ir.source, ir.path, seeds, timeout_s=timeout))
         data = r.to_dict()
         if not r.ok and r.status == "timeout" and timeout < CHECK_TIMEOUT_S:
             msg = f"stopped at the search budget after {timeout:.0f} s (not a verdict on the kernel)"
@@ -222,11 +242,11 @@ class Tiers:
         return TierResult("check", r.ok, None, r.message or f"max rel err {r.max_rel_err:.2e}", data)
 
     def hardware(self, ir: KernelIR) -> TierResult | None:
-        from ..harness.timing import time_kernel
+        from ..executors.jobs import time_job
 
         if self.unavailable("hardware") is not None:  # no accelerator, or not the target's kind
             return None
-        r = time_kernel(ir.source, ir.path)
+        r = self.executor.run(time_job(ir.source, ir.path, self.chip))
         timed_on = str(r.get("device") or "").partition(": ")[2]
         if r.get("ok") and timed_on != self.chip.device_kind:  # the child saw another chip than the probe
             why = (
