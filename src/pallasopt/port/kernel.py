@@ -33,6 +33,7 @@ class Param:
     name: str
     default: str | None
     constexpr: bool
+    star: bool = False  # `**meta`
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,9 @@ class KernelTranslator:
             )
             for p in fn.params.params
         )
-        if fn.params.star_kwarg is not None:
-            raise Declined(tf.line(fn), "a kernel taking **meta: name its meta-parameters as tl.constexpr arguments")
+        star = fn.params.star_kwarg
+        if star is not None:  # old-style `**meta`: the launch's keywords arrive as one dict
+            self.params += (Param(star.name.value, None, False, star=True),)
         self.names = {p.name for p in self.params}
         self.pointers = frozenset(pointer_params(fn, set(self.names)))
         self.st = _State()

@@ -146,13 +146,14 @@ def choose_launcher(tf: TritonFile, name: str | None) -> cst.FunctionDef:
 
 
 def _launch_fn(k: KernelPort) -> str:
-    params = ", ".join(f"{p.name}=None" for p in k.params)
+    star = next((p.name for p in k.params if p.star), "_launch_options")
+    params = ", ".join(f"{p.name}=None" for p in k.params if not p.star)
     meta = ", ".join(f"{p.name}={p.name}" for p in k.params if p.constexpr)
     arrays = ", ".join(f'("{p}", {p}, "{kind}", {stride or "None"})' for p, kind, stride in k.kinds)
     scalars = ", ".join(f"{p.name}={p.name}" for p in k.params if p.name not in {n for n, _, _ in k.kinds})
     stored = "".join(f'"{s}", ' for s in k.stored)
     return (
-        f"def _launch_{k.name}(grid, {params}, **_launch_options):\n"
+        f"def _launch_{k.name}(grid, {params}, **{star}):\n"
         f"    if callable(grid):\n        grid = grid(dict({meta}))\n"
         f'    return _launch(_k_{k.name}, grid, "{k.mode}", [{arrays}], ({stored}), dict({scalars}), {k.width})\n'
     )
