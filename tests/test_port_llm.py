@@ -45,7 +45,7 @@ def _server(reply: str) -> tuple[HTTPServer, list[dict]]:
     seen: list[dict] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append({"path": self.path, "body": body})
             data = json.dumps(
