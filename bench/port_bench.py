@@ -140,6 +140,13 @@ def main(argv: list[str] | None = None) -> int:
         "verified": len(passed),
         "declined": sum(r["status"] == "declined" for r in rows),
     }
+    for r in rows:  # paths relative to the fetched folders, so the committed results name no local folder
+        if "notes" in r:
+            r["notes"] = [n.replace(str(folders["liger"]) + "/", "") for n in r["notes"]]
+        for key in ("reason", "check"):
+            if key in r:
+                r[key] = r[key].replace(str(args.work) + "/", "").replace(str(folders["liger"]) + "/", "")
+                r[key] = r[key].replace(str(folders["tutorials"]) + "/", "")
     (args.out / "port.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
     (args.out / "port.md").write_text(render(summary, rows))
     print(json.dumps(summary))
@@ -191,7 +198,7 @@ def render(summary: dict, rows: list[dict]) -> str:
         check_s = r.get("check", "")
         lines.append(
             f"| {r['case']} | {r['source']} | {r['launcher']} | {r['status']} | {r.get('verdict', '-')} | "
-            f"{r.get('port_s', 0) * 1e3:.0f} ms | {why.replace('|', '/')} {'' if not check_s else '(' + check_s.split(':')[0] + ')'} |"
+            f"{r.get('port_s', 0) * 1e3:.0f} ms | {why.replace('|', '/')} {'' if not check_s else '(' + check_s.split(':', 1)[-1].strip()[:80] + ')'} |"
         )
     return "\n".join(lines) + "\n"
 

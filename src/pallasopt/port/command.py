@@ -99,7 +99,7 @@ def _with_llm(args: argparse.Namespace, text: str, ref: str) -> str:
     print(f"LLM: {usage.requests} requests, {usage.cache_hits} cached")
     if res.source is None:
         raise UserError(
-            f"the LLM's ports of launcher failed validation or the oracle {len(res.attempts)} times: {res.attempts[-1]}",
+            f"the LLM's ports failed validation or the oracle {len(res.attempts)} times: {res.attempts[-1]}",
             path=args.file,
             hint="port the declined kernel by hand, or retry with another PALLASOPT_MODEL",
         )

@@ -143,15 +143,23 @@ class KernelTranslator:
                 return None
             off = affine(e.right, self.st.env)
             if off is None:
-                raise Declined(
-                    self.stmt_line,
-                    f"the address of '{left[0]}' depends on loaded data or on non-affine index math "
-                    f"('{code(e.right)}'): data-dependent pointer chasing is not in the rule subset",
-                )
+                raise Declined(self.stmt_line, self._why_not_affine(left[0], e.right))
             from .affine import _add
 
             return (left[0], _add(left[1], off, "+" if isinstance(e.operator, cst.Add) else "-"))
         return None
+
+    def _why_not_affine(self, param: str, e: cst.BaseExpression) -> str:
+        text = " ".join(code(e).split())
+        if names_in(code(e)) & self.st.env.data - self.names:
+            return (
+                f"the address of '{param}' depends on loaded data ('{text}'): "
+                "data-dependent pointer chasing is not in the rule subset"
+            )
+        return (
+            f"the address of '{param}' is not an affine blocked offset ('{text}'): 2-D offsets ([:, None]), "
+            "tl.where or integer division in addresses are not in this build's rule subset"
+        )
 
     def _mask_bound(self, m: cst.BaseExpression | None) -> str | None:
         if m is None:
