@@ -26,6 +26,8 @@ class Access:
     mask: str | None  # the bound of a column mask `cols < BOUND`, when the mask has that shape
     store: bool
     line: int
+    masked: bool = False
+    colmask: bool = True  # no mask, or only a column mask `cols < BOUND` (all true over a whole-row block)
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class KernelPort:
     stored: tuple[str, ...]
     width: str | None  # rows: source of the row width (a param), flat: the block size
     body: str  # `def _k_<name>(refs..., *, scalars, _W, _R):`
+    inputs: tuple[str, ...] = ()  # the pointer params passed in (loaded, or stored under a mask that keeps values)
+    aliased: tuple[str, ...] = ()  # stored params whose output aliases their input (masked-out elements kept)
 
 
 @dataclass
@@ -55,6 +59,7 @@ class _State:
     env: IndexEnv = field(default_factory=IndexEnv)
     ptrs: dict[str, tuple[str, Affine]] = field(default_factory=dict)
     masks: dict[str, str | None] = field(default_factory=dict)
+    mask_exprs: dict[str, cst.BaseExpression] = field(default_factory=dict)
     accesses: list[Access] = field(default_factory=list)
     stored: set[str] = field(default_factory=set)
 
@@ -192,7 +197,9 @@ class KernelTranslator:
         param, form = ptr
         if not store and param in self.st.stored:
             raise Declined(self.stmt_line, f"'{param}' is loaded after the kernel stored to it (read-after-write)")
-        self.st.accesses.append(Access(param, form, self._mask_bound(mask_e), store, self.stmt_line))
+        bound = self._mask_bound(mask_e)
+        colmask = mask_e is None or (bound is not None and self._pid_free(mask_e))
+        self.st.accesses.append(Access(param, form, bound, store, self.stmt_line, mask_e is not None, colmask))
         mask = self._value(mask_e) if mask_e is not None else "None"
         return param, mask, ""
 
@@ -209,7 +216,15 @@ class KernelTranslator:
         value = self._value(value_e)
         param, mask, _ = self._access(call, store=True)
         self.st.stored.add(param)
-        return f"_st({param}_out, {param}_ref, _KIND_{param}, {value}, {mask})"
+        return f"_st({param}_out, _OLD_{param}, _KIND_{param}, {value}, {mask})"
+
+    def _pid_free(self, m: cst.BaseExpression) -> bool:
+        if isinstance(m, cst.Name) and m.value in self.st.masks:
+            m = self.st.mask_exprs.get(m.value, m)
+        if isinstance(m, cst.Comparison):
+            lhs = affine(m.left, self.st.env)
+            return lhs is not None and not any(src.startswith("pid") for src in lhs.sources())
+        return False
 
     # ---- statements
     def block(self, body: cst.BaseSuite, indent: str) -> list[str]:
@@ -298,6 +313,7 @@ class KernelTranslator:
             bound = self._compare_bound(value)
             if bound is not None:
                 self.st.masks[name] = bound
+                self.st.mask_exprs[name] = value
             elif form is None:  # data (a parameter expression keeps its affine const form)
                 self.st.env.data.add(name)
         return [f"{name} = {self._value(value)}"]
@@ -309,12 +325,29 @@ class KernelTranslator:
         used = [p.name for p in self.params if p.name in {k for k, _, _ in kinds}]
         scalars = [p.name for p in self.params if p.name not in self.pointers]
         stored = tuple(p for p in used if p in self.st.stored)
-        sig = ", ".join([*(f"{p}_ref" for p in used), *(f"{p}_out" for p in stored)])
+        # a store keeps old values where its mask is false: it then reads the array (aliased to the output), unless
+        # the mask is all true by construction (a column mask over whole-row blocks)
+        merge = {a.param for a in self.st.accesses if a.store and (not a.colmask if mode == "rows" else a.masked)}
+        loaded = {a.param for a in self.st.accesses if not a.store}
+        inputs = tuple(p for p in used if p in loaded or p in merge)
+        sig = ", ".join([*(f"{p}_ref" for p in inputs), *(f"{p}_out" for p in stored)])
         kw = ", ".join([*scalars, "_W", "_R"])
         head = [f"def _k_{self.fn.name.value}({sig}, *, {kw}):"]
         head += [f'    _KIND_{p} = "{k}"' for p, k, _ in kinds]
+        head += [f"    _OLD_{p} = {p + '_ref' if p in merge else None}" for p in stored]
         body = "\n".join(head + lines) + "\n"
-        return KernelPort(self.fn.name.value, self.tf.line(self.fn), self.params, mode, kinds, stored, width, body)
+        return KernelPort(
+            self.fn.name.value,
+            self.tf.line(self.fn),
+            self.params,
+            mode,
+            kinds,
+            stored,
+            width,
+            body,
+            inputs,
+            tuple(p for p in stored if p in merge),
+        )
 
     def _layout(self) -> tuple[str, tuple[tuple[str, str, str | None], ...], str | None]:
         if not self.st.accesses:

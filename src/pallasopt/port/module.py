@@ -152,10 +152,12 @@ def _launch_fn(k: KernelPort) -> str:
     arrays = ", ".join(f'("{p}", {p}, "{kind}", {stride or "None"})' for p, kind, stride in k.kinds)
     scalars = ", ".join(f"{p.name}={p.name}" for p in k.params if p.name not in {n for n, _, _ in k.kinds})
     stored = "".join(f'"{s}", ' for s in k.stored)
+    inputs = "".join(f'"{s}", ' for s in k.inputs)
+    aliased = "".join(f'"{s}", ' for s in k.aliased)
     return (
         f"def _launch_{k.name}(grid, {params}, **{star}):\n"
         f"    if callable(grid):\n        grid = grid(dict({meta}))\n"
-        f'    return _launch(_k_{k.name}, grid, "{k.mode}", [{arrays}], ({stored}), dict({scalars}), {k.width})\n'
+        f'    return _launch(_k_{k.name}, grid, "{k.mode}", [{arrays}], ({stored}), dict({scalars}), {k.width}, ({inputs}), ({aliased}))\n'
     )
 
 

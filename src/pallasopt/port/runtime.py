@@ -83,7 +83,7 @@ def _ld(ref, kind, mask, other):
 
 def _st(out, old, kind, value, mask):
     v = jnp.broadcast_to(jnp.asarray(value).astype(out.dtype), out.shape)
-    if mask is not None:
+    if mask is not None and old is not None:
         v = jnp.where(mask, v, old[...])
     out[...] = v
 
@@ -102,7 +102,7 @@ def _view(mode, name, arr, kind, stride, width, rows, R):
     return v, pl.BlockSpec((1, width if kind == "bcast" else v.shape[1]), lambda i: (0, 0))
 
 
-def _launch(body, grid, mode, arrays, stored, scalars, width):
+def _launch(body, grid, mode, arrays, stored, scalars, width, inputs, aliased):
     grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
     if any(int(g) != 1 for g in grid[1:]):
         raise ValueError(f"launch grid {grid}: only program axis 0 is ported")
@@ -114,15 +114,16 @@ def _launch(body, grid, mode, arrays, stored, scalars, width):
         views.append(v)
         specs.append(s)
     outs = [i for i, a in enumerate(arrays) if a[0] in stored]
+    ins = [i for i, a in enumerate(arrays) if a[0] in inputs]
     call = pl.pallas_call(
         functools.partial(body, _W=width if mode == "rows" else None, _R=R, **scalars),
         grid=(pl.cdiv(rows, R),) if mode == "rows" else (rows,),
-        in_specs=specs,
+        in_specs=[specs[i] for i in ins],
         out_specs=[specs[i] for i in outs],
         out_shape=[jax.ShapeDtypeStruct(views[i].shape, views[i].dtype) for i in outs],
-        input_output_aliases={i: k for k, i in enumerate(outs)},
+        input_output_aliases={ins.index(i): k for k, i in enumerate(outs) if arrays[i][0] in aliased},
     )
-    res = call(*views)
+    res = call(*[views[i] for i in ins])
     return tuple(r.reshape(arrays[i][1].shape) for r, i in zip(res, outs))
 
 
