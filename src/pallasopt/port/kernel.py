@@ -60,6 +60,7 @@ class _State:
     ptrs: dict[str, tuple[str, Affine]] = field(default_factory=dict)
     masks: dict[str, str | None] = field(default_factory=dict)
     mask_exprs: dict[str, cst.BaseExpression] = field(default_factory=dict)
+    loaded: set[str] = field(default_factory=set)  # names holding values read from memory (transitively)
     accesses: list[Access] = field(default_factory=list)
     stored: set[str] = field(default_factory=set)
 
@@ -156,7 +157,7 @@ class KernelTranslator:
 
     def _why_not_affine(self, param: str, e: cst.BaseExpression) -> str:
         text = " ".join(code(e).split())
-        if names_in(code(e)) & self.st.env.data - self.names:
+        if names_in(code(e)) & self.st.loaded:
             return (
                 f"the address of '{param}' depends on loaded data ('{text}'): "
                 "data-dependent pointer chasing is not in the rule subset"
@@ -299,6 +300,10 @@ class KernelTranslator:
         raise Declined(self.stmt_line, f"a {type(s).__name__} statement is not in the rule subset")
 
     def _assign(self, name: str, value: cst.BaseExpression) -> list[str]:
+        reads = any(tl_name(c.func) == "load" for c in _walk_calls(value)) or bool(
+            names_in(code(value)) & self.st.loaded
+        )
+        (self.st.loaded.add if reads else self.st.loaded.discard)(name)
         ptr = self._pointer(value)
         if ptr is not None:
             self.st.ptrs[name] = ptr
