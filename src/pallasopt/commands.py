@@ -175,7 +175,21 @@ def _add_bench(sub: Any) -> None:
     ADD_BENCH(sub)
 
 
-ADDERS: tuple[Callable[[Any], None], ...] = (_add_apply, _add_run, _add_replay, _add_db, _add_import, _add_bench)
+def _add_port(sub: Any) -> None:
+    from .port.command import add_port
+
+    add_port(sub)
+
+
+ADDERS: tuple[Callable[[Any], None], ...] = (
+    _add_apply,
+    _add_run,
+    _add_replay,
+    _add_db,
+    _add_import,
+    _add_bench,
+    _add_port,
+)
 
 
 def _print_source(console: Console, title: str, source: str) -> None:
