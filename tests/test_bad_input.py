@@ -254,7 +254,7 @@ USER_ERRORS = [
         ["run", "{good}", "--db", "{newer_db}", "--no-compile"],
         5,
         "{newer_db}: ",
-        "was written by a newer pallasopt (schema 99 > 1)",
+        "was written by a newer pallasopt (schema 99 > 2)",
         "use a newer pallasopt or another --db path",
     ),
     ("missing_db", ["db", "show", "{folder}/none.db"], 2, None, "no kernel database at", "run `pallasopt run` first"),
