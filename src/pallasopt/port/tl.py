@@ -59,7 +59,7 @@ DECLINED = {
     "atomic_and": "atomics have no Pallas TPU equivalent (programs do not share writable memory)",
     "atomic_or": "atomics have no Pallas TPU equivalent (programs do not share writable memory)",
     "inline_asm_elementwise": "inline PTX/assembly cannot run on a TPU",
-    "dot": "tl.dot (K-loop matmul tiling) is not in this build's rule subset",
+    "dot": "tl.dot outside a 2-D tile kernel body (e.g. in a @triton.jit helper) is not in the rule subset",
     "make_block_ptr": "tl.make_block_ptr (2-D block pointers) is not in this build's rule subset",
     "advance": "tl.advance (2-D block pointers) is not in this build's rule subset",
     "rand": "tl.rand (Philox random numbers) differs from any TPU generator",
