@@ -60,6 +60,20 @@ def test_2d_tiles_without_a_loop_use_a_2d_grid():
     assert "None, [], [(0, M), (1, N)])" in src  # no K steps, no scratch, both store bounds
 
 
+def test_block_pointers_and_advance():
+    src = _port("bp_matmul", "bp_matmul_ref").source
+    # range(0, K, BLOCK_K): k is the K step times the step; tl.advance(bp, (0, BLOCK_K)) indexes A's columns by it
+    assert "    k = _g2 * (BLOCK_K)\n" in src and "len(range(0, K, BLOCK_K))" in src
+    assert '("a_ptr", a_ptr, (BLOCK_M, 0, stride_am), (BLOCK_K, 2, stride_ak))' in src
+    # boundary_check=(0, 1) with padding_option="zero": a mask of both axes against the block pointer's shape
+    want = (
+        '_ld(a_ptr_ref, "tile", (pid_m * (BLOCK_M) + jax.lax.broadcasted_iota(jnp.int32, (BLOCK_M, 1), 0) < (M)) & '
+        "(_g2 * (BLOCK_K) + jax.lax.broadcasted_iota(jnp.int32, (1, BLOCK_K), 1) < (K)), 0)"
+    )
+    assert want in src
+    assert "[((BLOCK_M, BLOCK_N), jnp.float32)], [(0, M), (1, N)])" in src  # the store's boundary_check: bounds
+
+
 @pytest.mark.parametrize(
     ("launcher", "line", "why"),
     [
@@ -67,6 +81,7 @@ def test_2d_tiles_without_a_loop_use_a_2d_grid():
         ("skip_advance", 34, "the pointer advance '2 * BLOCK_K' of 'a_ptrs' is not BLOCK * stride"),
         ("row_sum", 46, "tl.sum in a 2-D tile kernel is not in the rule subset"),
         ("keep_old", 57, "the store mask of 'out_ptr' is not a bound on its own tile offsets"),
+        ("bp_skip", 117, "tl.advance by (0, 2 * BLOCK_K) is not one block along one untiled axis"),
     ],
 )
 def test_tile_declines_name_the_line(launcher, line, why):
@@ -106,9 +121,10 @@ def test_autotune_takes_the_first_config_that_tiles_on_a_tpu():
 
 
 def test_tile_ports_pass_the_oracle():
-    """Matmul (grouped swizzle, K loop with partial K, fused ReLU) and a 2-D axpy, interpret mode, fresh seeds."""
+    """Matmul (grouped swizzle, K loop with partial K, fused ReLU), a 2-D axpy and a block-pointer matmul, in
+    interpret mode on fresh seeds (one child process)."""
     from pallasopt.harness.check import check_many
 
-    sources = [_port("matmul", "matmul_ref").source, _port("axpy2d", "axpy2d_ref").source]
+    sources = [_port(n, f"{n}_ref").source for n in ("matmul", "axpy2d", "bp_matmul")]
     results = check_many(sources, "tiles_ported.py", timeout_s=600)
-    assert [r.ok for r in results] == [True, True], [r.message for r in results]
+    assert [r.ok for r in results] == [True, True, True], [r.message for r in results]

@@ -21,9 +21,9 @@ class Axis:
 
 
 def is_tile_kernel(fn: cst.FunctionDef) -> bool:
-    """Whether the kernel uses 2-D offsets (`x[:, None]`) or tl.dot: then the tile rules apply, not flat/rows."""
+    """Whether the kernel uses 2-D offsets (`x[:, None]`), tl.dot or block pointers: then the tile rules apply."""
     text = code(fn)
-    return "[:, None]" in text or "[None, :]" in text or ".dot(" in text
+    return any(s in text for s in ("[:, None]", "[None, :]", ".dot(", "make_block_ptr"))
 
 
 def axis_of(sub: cst.Subscript) -> int | None:
