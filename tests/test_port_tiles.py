@@ -39,7 +39,7 @@ def test_k_loop_becomes_an_arbitrary_axis_with_a_vmem_accumulator():
     assert "@pl.when(_g2 == 0)\n    def _init_acc():\n        _acc_acc[...] = jnp.broadcast_to(acc, " in src
     assert "    acc += jnp.dot(a, b, preferred_element_type=jnp.float32)\n    _acc_acc[...] = acc\n" in src
     assert "@pl.when(_g2 == _NK - 1)\n    def _finish():\n        acc = _acc_acc[...]\n        if FUSE_RELU:" in src
-    assert "_st(c_ptr_out, None, 'tile', _cast(acc, c_ptr_dtype), None)" in src  # c_ptr.dtype.element_ty
+    assert "_st(c_ptr_out, None, 'tile', _tcast(acc, c_ptr_dtype), None)" in src  # c_ptr.dtype.element_ty
     # the K mask is computed as written over the block's own iotas and the K step
     assert (
         "k_left = K - k * BLOCK_K" in src and "(jax.lax.broadcasted_iota(jnp.int32, (1, BLOCK_K), 1)) < k_left" in src

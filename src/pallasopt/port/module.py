@@ -225,7 +225,8 @@ def port_source(path: str, text: str, ref_path: str, ref_text: str, launcher: st
             "grid and then dropped, since a TPU core walks the grid in order with no shared L2 to group for. The K loop",
             "is the last, 'arbitrary' grid axis with its carried values in f32 VMEM scratch. Offsets wrapped with",
             "`% M` read Pallas' padding of the edge tile instead of wrapped rows: those rows only reach output rows",
-            "the store mask drops (tile kernels with reductions are declined).",
+            "the store mask drops (tile kernels with reductions are declined). Mosaic has no f16 vectors: f16 arrays",
+            "are widened to f32 outside the kernel and the output narrowed back; a cast to f16 inside stays f32.",
         ]
     header += ['"""']
     parts = [

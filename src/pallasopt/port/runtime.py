@@ -158,6 +158,13 @@ def _check_tiles(tiles, launch, gm, gn, scalars):
         )
 
 
+def _tcast(x, dtype):
+    # a cast to f16 inside a tile kernel stays f32 (Mosaic cannot pack f16 either): the f16 output is narrowed
+    # outside the kernel, which rounds a stored value exactly as the cast would; arithmetic after the cast is in f32
+    x = jnp.asarray(x)
+    return x.astype(jnp.float32 if jnp.dtype(dtype) == jnp.float16 else dtype)
+
+
 def _imap(rows, cols):
     axes = (rows, cols)
     return lambda *g: tuple(0 if a is None else g[a] for a in axes)
@@ -166,6 +173,10 @@ def _imap(rows, cols):
 def _launch_tiles(body, tiles, grid, arrays, inputs, out, scalars, nk, carried, bounds):
     launch = tuple(int(g) for g in (grid if isinstance(grid, (tuple, list)) else (grid,)))
     views = {n: _view2(n, a, r, c, n == out) for n, a, r, c in arrays}
+    # Mosaic has no f16 vectors (the v5e compile fails "Invalid vector type for load"): f16 arrays are widened to f32
+    # outside the kernel (exact) and the result narrowed back; values the kernel casts to f16 stay f16-rounded
+    half = {n for n, v in views.items() if v.dtype == jnp.float16}
+    views = {n: v.astype(jnp.float32) if n in half else v for n, v in views.items()}
     layout = {n: (r, c) for n, _, r, c in arrays}
     ov, (orow, ocol) = views[out], layout[out]
     gm, gn = _cdiv(ov.shape[0], int(orow[0])), _cdiv(ov.shape[1], int(ocol[0]))
@@ -186,5 +197,6 @@ def _launch_tiles(body, tiles, grid, arrays, inputs, out, scalars, nk, carried, 
         compiler_params=pltpu.CompilerParams(dimension_semantics=sem),
     )
     (res,) = call(*[views[n] for n in inputs])
+    res = res.astype(jnp.float16) if out in half else res
     return (res.reshape(next(a for n, a, _, _ in arrays if n == out).shape),)
 """

@@ -594,6 +594,7 @@ class TileTranslator:
         used = "\n".join(lines)
         head += [f"    {p}_dtype = {p}_ref.dtype" for p in inputs if f"{p}_dtype" in used]
         head += [f"    {p}_dtype = {p}_out.dtype" for p in stored if p not in inputs and f"{p}_dtype" in used]
+        lines = [ln.replace("_cast(", "_tcast(") for ln in lines]  # f16 stays f32 in the kernel (runtime.py)
         body = self._split_last(lines) if self.loop else lines
         sig = ", ".join(
             [*(f"{p}_ref" for p in inputs), *(f"{p}_out" for p in stored), *(f"_acc_{n}" for n in self.carried)]
