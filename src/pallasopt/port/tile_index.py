@@ -10,6 +10,8 @@ import libcst as cst
 from .exprs import Declined, call_arg, tl_name
 from .source import code
 
+GRID = ("_g0", "_g1", "_g2")  # the kernel body's names of pl.program_id(0..2)
+
 
 @dataclass(frozen=True)
 class Axis:

@@ -28,9 +28,9 @@ from .affine import Affine, IndexEnv, affine, names_in
 from .exprs import Declined, ExprContext, call_arg, rewrite, tl_name
 from .kernel import Param, pointer_params
 from .source import TritonFile, code
-from .tile_index import Axis, axis_of, calls, conj, norm, py, terms
+from .tile_blocks import Ptr, block_advance, block_ptr, boundary_dims, boundary_mask
+from .tile_index import GRID, Axis, axis_of, calls, conj, norm, py, terms
 
-GRID = ("_g0", "_g1", "_g2")  # the body's names of pl.program_id(0..2)
 _LOOP_END = "#<loop end>"
 
 
@@ -45,16 +45,6 @@ class TilePort:
     body: str
     launch: str
     mode: str = "tiles"
-
-
-@dataclass
-class _Ptr:
-    param: str
-    rows: Axis
-    cols: Axis
-    advance: int | None = None  # which axis the K loop advances (set on the loop's pointer increments)
-    advanced_at: int = 0  # position in the loop body of the increment
-    shape: tuple[str, str] | None = None  # a block pointer's `shape=` (for boundary_check)
 
 
 class TileTranslator:
@@ -79,7 +69,7 @@ class TileTranslator:
         self.swizzle: list[str] = []  # program-id mapping, as Python run at trace time
         self.offsets: dict[str, Affine] = {}
         self.wraps: set[str] = set()
-        self.ptrs: dict[str, _Ptr] = {}
+        self.ptrs: dict[str, Ptr] = {}
         self.exprs: dict[str, cst.BaseExpression] = {}
         self.layout: dict[str, tuple[Axis, Axis]] = {}
         self.loaded: set[str] = set()
@@ -144,7 +134,7 @@ class TileTranslator:
         return form if form is not None and form.aranges() else None
 
     # ---- accesses
-    def _access_axes(self, e: cst.BaseExpression) -> _Ptr:
+    def _access_axes(self, e: cst.BaseExpression) -> Ptr:
         parts = terms(e)
         base = parts[0]
         if isinstance(base, cst.Name) and base.value in self.ptrs and len(parts) == 1:
@@ -171,7 +161,7 @@ class TileTranslator:
             raise Declined(
                 self.line, f"the address of '{base.value}' needs an offset on both axes ([:, None], [None, :])"
             )
-        return _Ptr(base.value, axes[0], axes[1])
+        return Ptr(base.value, axes[0], axes[1])
 
     def _strided(self, t: cst.BaseExpression) -> tuple[cst.Subscript | None, str]:
         if isinstance(t, cst.Subscript):
@@ -199,63 +189,13 @@ class TileTranslator:
             )
         return Axis(ars[0], src, stride)
 
-    def _block_ptr(self, call: cst.Call) -> _Ptr:
-        """`tl.make_block_ptr(base, shape, strides, offsets, block_shape, order)`: each offset `tile * BLOCK` or 0."""
-        names = ("base", "shape", "strides", "offsets", "block_shape")
-        args = [call_arg(call, i, n) for i, n in enumerate(names)]
-        base = args[0]
-        if not (isinstance(base, cst.Name) and base.value in self.pointers):
-            raise Declined(self.line, "tl.make_block_ptr on something other than a kernel argument")
-        pairs = []
-        for n, a in zip(names[1:], args[1:], strict=True):
-            if not (isinstance(a, cst.Tuple) and len(a.elements) == 2):
-                raise Declined(self.line, f"tl.make_block_ptr with a {n}= that is not a 2-tuple (2-D blocks only)")
-            pairs.append(tuple(e.value for e in a.elements))
-        shape, strides, offsets, block = pairs
-        axes = []
-        for d in (0, 1):
-            size, off = code(block[d]), affine(offsets[d], self.env)
-            if off is None or off.aranges() or off.const not in (None, "0") or len(off.terms) > 1:
-                raise Declined(self.line, f"block pointer offset '{code(offsets[d])}' is not `tile * BLOCK` or 0")
-            tile = off.terms[0] if off.terms else None
-            if tile is not None and (not tile[0].startswith("t:") or norm(tile[1]) != norm(size)):
-                raise Declined(self.line, f"block pointer offset '{code(offsets[d])}' does not move by '{size}'")
-            axes.append(Axis(size, tile[0] if tile else None, code(strides[d])))
-        return _Ptr(base.value, axes[0], axes[1], shape=(code(shape[0]), code(shape[1])))
-
-    def _checked(self, call: cst.Call, p: _Ptr, pos: int) -> tuple[int, ...]:
-        arg = call_arg(call, pos, "boundary_check")
-        if arg is None:
-            return ()
-        if p.shape is None:
-            raise Declined(self.line, "boundary_check on a pointer that is not a tl.make_block_ptr")
-        dims = (
-            tuple(int(e.value.value) for e in arg.elements if isinstance(e.value, cst.Integer))
-            if isinstance(arg, (cst.Tuple, cst.List))
-            else None
-        )
-        if dims is None or not set(dims) <= {0, 1}:
-            raise Declined(self.line, f"boundary_check={code(arg)} is not a tuple of axes 0 and 1")
-        return dims
-
-    def _boundary_mask(self, dims: tuple[int, ...], rows: Axis, cols: Axis, shape: tuple[str, str]) -> str:
-        parts = []
-        for d in dims:
-            a = (rows, cols)[d]
-            start = {None: "0", "iter": f"{GRID[2]}"}.get(a.tile, a.tile[2:] if a.tile else "0")
-            iota = f"jax.lax.broadcasted_iota(jnp.int32, {'(SIZE, 1)' if d == 0 else '(1, SIZE)'}, {d})".replace(
-                "SIZE", a.size
-            )
-            parts.append(f"({start} * ({a.size}) + {iota} < ({shape[d]}))")
-        return " & ".join(parts)
-
-    def _note_layout(self, p: _Ptr, rows: Axis, cols: Axis) -> None:
+    def _note_layout(self, p: Ptr, rows: Axis, cols: Axis) -> None:
         prev = self.layout.get(p.param)
         if prev is not None and prev != (rows, cols):
             raise Declined(self.line, f"'{p.param}' is accessed with two different tilings")
         self.layout[p.param] = (rows, cols)
 
-    def _current(self, p: _Ptr) -> tuple[Axis, Axis]:
+    def _current(self, p: Ptr) -> tuple[Axis, Axis]:
         rows, cols = p.rows, p.cols
         if p.advance is not None:
             if not self.in_loop:
@@ -278,11 +218,11 @@ class TileTranslator:
         rows, cols = self._current(p)
         self._note_layout(p, rows, cols)
         self.loaded.add(p.param)
-        dims = self._checked(call, p, 3)
+        dims = boundary_dims(call, p, 3, self.line)
         if dims and p.shape is not None:  # out-of-bounds block elements: zeros ("" is undefined in Triton) or NaN
             pad = call_arg(call, 4, "padding_option")
             other = "jnp.nan" if pad is not None and "nan" in code(pad) else "0"
-            return f'_ld({p.param}_ref, "tile", {self._boundary_mask(dims, rows, cols, p.shape)}, {other})'
+            return f'_ld({p.param}_ref, "tile", {boundary_mask(dims, rows, cols, p.shape)}, {other})'
         mask_e, other_e = call_arg(call, 1, "mask"), call_arg(call, 2, "other")
         mask = self._value(mask_e) if mask_e is not None else "None"
         other = self._value(other_e) if other_e is not None else "None"
@@ -302,7 +242,7 @@ class TileTranslator:
         self._note_layout(p, rows, cols)
         if p.param in self.stored:
             raise Declined(self.line, f"'{p.param}' is stored twice")
-        dims = self._checked(call, p, 3)
+        dims = boundary_dims(call, p, 3, self.line)
         if p.shape is not None:  # a block pointer: boundary_check names the axes whose edge Pallas clips
             self.stored[p.param] = tuple((d, p.shape[d]) for d in dims)
         else:
@@ -411,7 +351,7 @@ class TileTranslator:
                 return []  # read before the loop body (_advances)
             if self.in_loop:
                 raise Declined(self.line, "block pointers made inside the K loop are not in the tile rules")
-            self.ptrs[name] = self._block_ptr(value)
+            self.ptrs[name] = block_ptr(value, self.env, self.pointers, self.line)
             return []
         head = terms(value)[0]
         if isinstance(head, cst.Name) and (head.value in self.pointers or head.value in self.ptrs):
@@ -510,7 +450,7 @@ class TileTranslator:
             if not isinstance(st, cst.SimpleStatementLine):
                 continue
             for small in st.body:
-                if self._block_advance(small, i):
+                if block_advance(small, i, self.ptrs, self.tf.line(small) or self.line):
                     continue
                 if not (isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Name)):
                     continue
@@ -539,34 +479,6 @@ class TileTranslator:
                         "BLOCK * stride of one untiled axis",
                     )
                 p.advance, p.advanced_at = hits[0], i
-
-    def _block_advance(self, small: cst.BaseSmallStatement, i: int) -> bool:
-        """`bp = tl.advance(bp, (0, BLOCK_K))`: the block pointer steps one block along one untiled axis."""
-        if not (isinstance(small, cst.Assign) and isinstance(small.value, cst.Call)):
-            return False
-        if tl_name(small.value.func) != "advance":
-            return False
-        self.line = self.tf.line(small) or self.line
-        target, src, step = (
-            small.targets[0].target,
-            call_arg(small.value, 0, "base"),
-            call_arg(small.value, 1, "offsets"),
-        )
-        p = self.ptrs.get(src.value) if isinstance(src, cst.Name) else None
-        if p is None or p.shape is None or not isinstance(target, cst.Name) or target.value != src.value:  # type: ignore[union-attr]
-            raise Declined(self.line, "tl.advance must step a block pointer in place (`bp = tl.advance(bp, ...)`)")
-        if not (isinstance(step, cst.Tuple) and len(step.elements) == 2):
-            raise Declined(self.line, "tl.advance needs a 2-tuple of steps")
-        moves = [d for d, e in enumerate(step.elements) if code(e.value) != "0"]
-        axes = (p.rows, p.cols)
-        if (
-            len(moves) != 1
-            or axes[moves[0]].tile is not None
-            or norm(code(step.elements[moves[0]].value)) != norm(axes[moves[0]].size)
-        ):
-            raise Declined(self.line, f"tl.advance by {code(step)} is not one block along one untiled axis")
-        p.advance, p.advanced_at = moves[0], i
-        return True
 
     # ---- the whole kernel
     def translate(self) -> TilePort:
