@@ -4,6 +4,7 @@ The external kernels are fetched at bench time and never committed:
   --liger DIR     liger_kernel/ops of an unpacked liger-kernel wheel; without it the bench runs
                   `pip download --no-deps liger-kernel -d /work/ext/liger` and unzips the wheel there
   --tutorials DIR a folder holding the Triton tutorials (python/tutorials of a triton-lang/triton checkout)
+  --only A,B      run those cases; their rows replace the same cases' rows in an existing port.json
 References are ours (bench/port/refs/). Per kernel it records: ported by rules / declined (with FILE:LINE: reason),
 port time, the oracle's verdict (`pallasopt check`, interpret mode on the CPU). With --optimize it then runs
 `pallasopt bench --suite WORK` on the ported modules (beam search, compiler-estimate tier on the target, the XLA
@@ -41,6 +42,7 @@ CASES = (
     ("liger_fused_add_rms_norm_forward", "liger", "fused_add_rms_norm.py", "fused_add_rms_norm_forward"),
     ("tutorial_vector_add", "tutorials", "01-vector-add.py", "add"),
     ("tutorial_fused_softmax", "tutorials", "02-fused-softmax.py", "softmax"),
+    ("tutorial_matmul", "tutorials", "03-matrix-multiplication.py", "matmul"),
 )
 # kernels expected outside the rule subset: ported only to record the decline line (no reference needed)
 DECLINE_CASES = (
@@ -133,22 +135,32 @@ def main(argv: list[str] | None = None) -> int:
                 row.update(check(out, args.check_timeout))
         rows.append(row)
         print(f"{case}: {row['status']} {row.get('verdict', '')} {row.get('reason', '')}", flush=True)
+    if only and (args.out / "port.json").exists():  # a subset run updates its rows in the full table
+        kept = {r["case"]: r for r in json.loads((args.out / "port.json").read_text())["rows"]}
+        kept.update({r["case"]: r for r in rows})
+        order = [c[0] for c in CASES + DECLINE_CASES]
+        rows_all = sorted(kept.values(), key=lambda r: order.index(r["case"]) if r["case"] in order else len(order))
+    else:
+        rows_all = rows
     passed = [r for r in rows if r.get("verdict") == "PASS"]
     summary = {
-        "cases": len(rows),
-        "ported_by_rules": sum(r["status"] == "rules" for r in rows),
-        "verified": len(passed),
-        "declined": sum(r["status"] == "declined" for r in rows),
+        "cases": len(rows_all),
+        "ported_by_rules": sum(r["status"] == "rules" for r in rows_all),
+        "verified": sum(r.get("verdict") == "PASS" for r in rows_all),
+        "declined": sum(r["status"] == "declined" for r in rows_all),
     }
     for r in rows:  # paths relative to the fetched folders, so the committed results name no local folder
         if "notes" in r:
-            r["notes"] = [n.replace(str(folders["liger"]) + "/", "") for n in r["notes"]]
+            r["notes"] = [
+                n.replace(str(folders["liger"]) + "/", "").replace(str(folders["tutorials"]) + "/", "")
+                for n in r["notes"]
+            ]
         for key in ("reason", "check"):
             if key in r:
                 r[key] = r[key].replace(str(args.work) + "/", "").replace(str(folders["liger"]) + "/", "")
                 r[key] = r[key].replace(str(folders["tutorials"]) + "/", "")
-    (args.out / "port.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
-    (args.out / "port.md").write_text(render(summary, rows))
+    (args.out / "port.json").write_text(json.dumps({"summary": summary, "rows": rows_all}, indent=1) + "\n")
+    (args.out / "port.md").write_text(render(summary, rows_all))
     print(json.dumps(summary))
     if args.optimize and passed:
         suite = args.work / "verified"

@@ -50,6 +50,10 @@ class ExprContext:
     jit_helpers: frozenset[str]
     bare_math: frozenset[str]  # names imported from triton modules (e.g. `from triton.language.math import tanh`)
     load: Callable[[cst.Call], str] | None  # translates a tl.load call; None where loads are not allowed
+    # 2-D tile kernels (tiles.py): `offs[:, None]` of an offset vector -> a 2-D index expression (None: as written),
+    # and the names that only exist as offset vectors (used bare, they are declined)
+    subscript: Callable[[cst.Subscript], str | None] | None = None
+    offsets: frozenset[str] = frozenset()
 
 
 class _Rewriter(cst.CSTTransformer):
@@ -59,6 +63,19 @@ class _Rewriter(cst.CSTTransformer):
 
     def _decline(self, why: str) -> None:
         raise Declined(self.ctx.line, why)
+
+    def visit_Subscript(self, node: cst.Subscript) -> bool:
+        if self.ctx.subscript is not None:
+            text = self.ctx.subscript(node)
+            if text is not None:
+                self.replaced[id(node)] = text
+                return False
+        return True
+
+    def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.BaseExpression:
+        if id(original) in self.replaced:
+            return cst.parse_expression(self.replaced[id(original)])
+        return updated
 
     def visit_Call(self, node: cst.Call) -> bool:
         name = tl_name(node.func)
@@ -88,6 +105,15 @@ class _Rewriter(cst.CSTTransformer):
         return updated
 
     def _tl_call(self, name: str, original: cst.Call, updated: cst.Call, args: str) -> str:
+        if name == "dot" and self.ctx.subscript is not None:  # tile kernels: the MXU with an f32 result, as Triton
+            a, b, acc = _arg(updated, 0, "input"), _arg(updated, 1, "other"), _arg(updated, 2, "acc")
+            if a is None or b is None:
+                self._decline("tl.dot needs two operands")
+            out = _arg(updated, 6, "out_dtype")
+            if out is not None and code(out) not in ("tl.float32", "jnp.float32"):
+                self._decline(f"tl.dot with out_dtype={code(out)} is not in the rule subset (f32 results only)")
+            dot = f"jnp.dot({code(a)}, {code(b)}, preferred_element_type=jnp.float32)"  # type: ignore[arg-type]
+            return dot if acc is None or code(acc) == "None" else f"({code(acc)} + {dot})"
         if name in DECLINED:
             self._decline(f"tl.{name}: {DECLINED[name]}")
         if name == "program_id":
@@ -132,7 +158,17 @@ class _Rewriter(cst.CSTTransformer):
         self._decline(f"tl.{name} is not in the rule subset")
         return ""
 
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        # tile kernels: `c_ptr.dtype.element_ty` (the element type of an argument) -> `c_ptr_dtype`, set by tiles.py
+        text = code(node)
+        if self.ctx.subscript is not None and text.endswith(".dtype.element_ty") and text[:-17] in self.ctx.pointers:
+            self.replaced[id(node)] = f"{text[:-17]}_dtype"
+            return False
+        return True
+
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        if id(original) in self.replaced:
+            return cst.parse_expression(self.replaced[id(original)])
         name = tl_name(original)
         if name is not None and name in DTYPES:
             return cst.parse_expression(DTYPES[name])
@@ -141,6 +177,10 @@ class _Rewriter(cst.CSTTransformer):
         return updated
 
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        if original.value in self.ctx.offsets:
+            self._decline(
+                f"the offset vector '{original.value}' is used without [:, None] / [None, :] in a 2-D tile kernel"
+            )
         if original.value in self.ctx.pointers:
             self._decline(f"the pointer '{original.value}' is used as a value (pointer comparisons or casts)")
         return updated

@@ -7,11 +7,14 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ..errors import UserError
+from .autotune import autotune_configs, tpu_config
 from .exprs import Declined
 from .kernel import KernelPort, KernelTranslator, translate_helper
 from .launcher import LaunchInfo, launches, rewrite_launcher
-from .runtime import PRELUDE
+from .runtime import PRELUDE, TILE_PRELUDE
 from .source import TritonFile, code, read_triton
+from .tile_index import is_tile_kernel
+from .tiles import TilePort, TileTranslator
 
 HEADER_IMPORTS = "import functools\n\nimport jax\nimport jax.numpy as jnp\nfrom jax.experimental import pallas as pl\n"
 
@@ -168,7 +171,8 @@ def port_source(path: str, text: str, ref_path: str, ref_text: str, launcher: st
     fn = choose_launcher(tf, launcher)
     bare = _bare_math(tf.module)
     helpers = frozenset(n for n in tf.jit if n not in tf.launched)
-    ported: list[KernelPort] = []
+    ported: list[KernelPort | TilePort] = []
+    tuned: dict[str, str] = {}
     status: list[KernelStatus] = []
     infos: dict[str, LaunchInfo] = {}
     helper_src: list[str] = []
@@ -181,7 +185,7 @@ def port_source(path: str, text: str, ref_path: str, ref_text: str, launcher: st
     for name in dict.fromkeys(k for k in launches(fn) if k in tf.jit):
         kfn = tf.jit[name]
         try:
-            kp = KernelTranslator(tf, kfn, helpers, bare).translate()
+            kp = _translate(tf, kfn, helpers, bare, tuned, notes)
         except Declined as e:
             status.append(KernelStatus(name, e.line, "declined", None, e.why))
             params = tuple(p.name.value for p in kfn.params.params)
@@ -212,18 +216,32 @@ def port_source(path: str, text: str, ref_path: str, ref_text: str, launcher: st
         )
     header = [f'"""Ported from {path} (launcher {fn.name.value}) by `pallasopt port` (rule-based translation).', ""]
     header += [k.line_text(path) for k in status] + notes
-    header += ["", "Triton writes in place; here each launch returns the arrays its kernel stores to.", '"""']
+    header += ["", "Triton writes in place; here each launch returns the arrays its kernel stores to."]
+    tiles = any(isinstance(k, TilePort) for k in ported)
+    if tiles:
+        header += [
+            "2-D tile kernels run over a (tiles_m, tiles_n[, k_steps]) grid: the Triton program -> tile mapping (a",
+            "grouped swizzle orders programs for a GPU's L2) is checked at trace time to be a permutation of the tile",
+            "grid and then dropped, since a TPU core walks the grid in order with no shared L2 to group for. The K loop",
+            "is the last, 'arbitrary' grid axis with its carried values in f32 VMEM scratch. Offsets wrapped with",
+            "`% M` read Pallas' padding of the edge tile instead of wrapped rows: those rows only reach output rows",
+            "the store mask drops (tile kernels with reductions are declined). Mosaic has no f16 vectors: f16 arrays",
+            "are widened to f32 outside the kernel and the output narrowed back; a cast to f16 inside stays f32.",
+        ]
+    header += ['"""']
     parts = [
         "\n".join(header),
-        HEADER_IMPORTS,
+        HEADER_IMPORTS + ("import itertools\n\nfrom jax.experimental.pallas import tpu as pltpu\n" if tiles else ""),
         PRELUDE,
+        TILE_PRELUDE if tiles else "",
         "\n".join(_constants(tf)),
         "\n".join(
             f"{k} = {v}  # a block size of the Triton launch, hoisted to a tunable constant" for k, v in consts.items()
         ),
+        "\n".join(f"{k} = {v}  # from the kernel's first @triton.autotune config; tunable" for k, v in tuned.items()),
         *helper_src,
         *(k.body for k in ported),
-        *(_launch_fn(k) for k in ported),
+        *(k.launch if isinstance(k, TilePort) else _launch_fn(k) for k in ported),
         launcher_src,
         "STATIC_ARGS = {}  # the launcher's non-array arguments (REF.py may set them)\nOUTPUTS = None  # which of the launcher's results are compared (REF.py may set them)\n",
         f"# ---- reference: {ref_path} (verbatim) ----\n" + ref_text,
@@ -231,6 +249,34 @@ def port_source(path: str, text: str, ref_path: str, ref_text: str, launcher: st
     ]
     source = "\n\n".join(p.strip("\n") + "\n" for p in parts if p.strip())
     return PortResult(source, fn.name.value, tuple(status), tuple(notes))
+
+
+def _translate(
+    tf: TritonFile,
+    fn: cst.FunctionDef,
+    helpers: frozenset[str],
+    bare: frozenset[str],
+    tuned: dict[str, str],
+    notes: list[str],
+) -> KernelPort | TilePort:
+    """The flat/rows rules, or the 2-D tile rules for kernels with `[:, None]` offsets or tl.dot (their decline wins)."""
+    if not is_tile_kernel(fn):
+        return KernelTranslator(tf, fn, helpers, bare).translate()
+    configs = autotune_configs(tf, fn)
+    if not configs:
+        return TileTranslator(tf, fn, helpers, bare).translate()
+    probe = TileTranslator(tf, fn, helpers, bare)
+    probe.translate()  # for the layout: which block sizes are sublane rows and lane columns
+    cfg, why = tpu_config(configs, probe.layout)
+    t = TileTranslator(tf, fn, helpers, bare)
+    for k, v in cfg.items():
+        if k in t.names:
+            const = f"{fn.name.value.strip('_').upper()}_{k}"
+            tuned[const] = v
+            t.defaults[k] = const
+    chosen = ", ".join(f"{k}={v}" for k, v in cfg.items())
+    notes.append(f"{tf.path}:{tf.line(fn)}: {fn.name.value} is autotuned: the port takes {why} ({chosen})")
+    return t.translate()
 
 
 def _check_reference(path: str, text: str) -> None:

@@ -132,3 +132,71 @@ def _select(result, keep):
         return result
     return tuple(result[i] for i in keep) if len(keep) > 1 else result[keep[0]]
 """
+
+# emitted only when a 2-D tile kernel is ported (tiles.py)
+TILE_PRELUDE = """
+def _view2(name, arr, rows, cols, store):
+    if arr is None:
+        raise ValueError(f"the launch passes None for {name}, which the kernel reads or writes")
+    s0, s1 = int(rows[2]), int(cols[2])
+    if s1 == 1 and s0 >= 1 and arr.size % s0 == 0:
+        return arr.reshape(-1, s0)
+    if s0 == 1 and s1 > 1 and arr.size % s1 == 0 and not store:
+        return arr.reshape(-1, s1).T  # a transposed (column-major) operand
+    raise ValueError(f"{name}: strides ({s0}, {s1}) are neither a row-major nor a transposed 2-D view")
+
+
+def _check_tiles(tiles, launch, gm, gn, scalars):
+    # the Triton program -> tile mapping (e.g. the grouped swizzle), run for every program of the launch grid: it
+    # must visit each (tile_m, tile_n) once; the port then walks the plain 2-D grid instead
+    seen = [tiles(p + (0,) * (3 - len(p)), **scalars) for p in itertools.product(*(range(g) for g in launch))]
+    want = {(i, j) for i in range(gm) for j in range(gn)}
+    if len(seen) != len(want) or set(seen) != want:
+        raise ValueError(
+            f"the kernel's program -> tile mapping over the launch grid {launch} is not a permutation of the "
+            f"{gm} x {gn} tile grid: not ported"
+        )
+
+
+def _tcast(x, dtype):
+    # a cast to f16 inside a tile kernel stays f32 (Mosaic cannot pack f16 either): the f16 output is narrowed
+    # outside the kernel, which rounds a stored value exactly as the cast would; arithmetic after the cast is in f32
+    x = jnp.asarray(x)
+    return x.astype(jnp.float32 if jnp.dtype(dtype) == jnp.float16 else dtype)
+
+
+def _imap(rows, cols):
+    axes = (rows, cols)
+    return lambda *g: tuple(0 if a is None else g[a] for a in axes)
+
+
+def _launch_tiles(body, tiles, grid, arrays, inputs, out, scalars, nk, carried, bounds):
+    launch = tuple(int(g) for g in (grid if isinstance(grid, (tuple, list)) else (grid,)))
+    views = {n: _view2(n, a, r, c, n == out) for n, a, r, c in arrays}
+    # Mosaic has no f16 vectors (the v5e compile fails "Invalid vector type for load"): f16 arrays are widened to f32
+    # outside the kernel (exact) and the result narrowed back; values the kernel casts to f16 stay f16-rounded
+    half = {n for n, v in views.items() if v.dtype == jnp.float16}
+    views = {n: v.astype(jnp.float32) if n in half else v for n, v in views.items()}
+    layout = {n: (r, c) for n, _, r, c in arrays}
+    ov, (orow, ocol) = views[out], layout[out]
+    gm, gn = _cdiv(ov.shape[0], int(orow[0])), _cdiv(ov.shape[1], int(ocol[0]))
+    _check_tiles(tiles, launch, gm, gn, scalars)
+    for axis, bound in bounds:
+        if int(bound) < ov.shape[axis]:
+            raise ValueError(f"{out}: the store mask bound {bound} on axis {axis} leaves part of the array unwritten")
+    g = (gm, gn) if nk is None else (gm, gn, int(nk))
+    spec = {n: pl.BlockSpec((int(r[0]), int(c[0])), _imap(r[1], c[1])) for n, (r, c) in layout.items()}
+    sem = ("parallel", "parallel") + (() if nk is None else ("arbitrary",))
+    call = pl.pallas_call(
+        functools.partial(body, _W=None, _NK=None if nk is None else int(nk), **scalars),
+        grid=g,
+        in_specs=[spec[n] for n in inputs],
+        out_specs=[spec[out]],
+        out_shape=[jax.ShapeDtypeStruct(ov.shape, ov.dtype)],
+        scratch_shapes=[pltpu.VMEM(tuple(int(s) for s in shape), dtype) for shape, dtype in carried],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=sem),
+    )
+    (res,) = call(*[views[n] for n in inputs])
+    res = res.astype(jnp.float16) if out in half else res
+    return (res.reshape(next(a for n, a, _, _ in arrays if n == out).shape),)
+"""
