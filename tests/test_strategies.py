@@ -252,7 +252,9 @@ def test_hardware_is_keyed_by_the_device_it_ran_on(tmp_path, monkeypatch) -> Non
     base = KernelIR.from_file(_kernel(tmp_path))
     # the probe sees the target's chip but the timing child ran on another: no time is taken from it
     monkeypatch.setattr(timing, "accelerator_kind", lambda: "tpu: TPU v5 lite")
-    monkeypatch.setattr(timing, "time_kernel", lambda s, p: {"ok": True, "median_s": 1e-3, "device": "tpu: TPU v4"})
+    monkeypatch.setattr(
+        timing, "time_kernel", lambda source, path, **kw: {"ok": True, "median_s": 1e-3, "device": "tpu: TPU v4"}
+    )
     r = Tiers(V5E).hardware(base)
     assert r is not None and not r.ok and "timed on TPU v4, not the target v5e" in r.message
 

@@ -86,6 +86,10 @@ class CachedEvaluator:
         self.db.put_eval(self.candidate_id(ir), "model", self.target, result.ok, result.to_dict(), 0.0)
         return result
 
+    def compile_floor(self, ir: KernelIR) -> float | None:
+        fn = getattr(self.inner, "compile_floor", None)
+        return fn(ir) if callable(fn) else None
+
     def compiler(self, ir: KernelIR) -> TierResult | None:
         return self._cached(ir, "compiler", self.target, lambda: self.inner.compiler(ir))
 

@@ -203,7 +203,19 @@ class Funnel:
 
         `want`: stop checking once this many passed (None: check all). `prune` (default `want * PRUNE_FACTOR`)
         bounds how many survive the model into the compiler, `max_checks` (default `2 * want`) the checks; only
-        candidates faster than `worst_kept` are checked. Sets `cut` when the time budget stopped a stage."""
+        candidates faster than `worst_kept` are compiled (when their floor allows) and checked. Sets `cut` when the
+        time budget stopped a stage."""
+        ranked = self.rank(children, want, worst_kept, prune=prune)
+        return self.check(ranked, want, worst_kept, max_checks=max_checks)
+
+    def rank(
+        self, children: Iterable[Node], want: int | None, bar: float = float("inf"), *, prune: int | None = None
+    ) -> list[Node]:
+        """The model and compiler tiers: the children that passed both, best first at the ranking tier.
+
+        `bar`: a candidate slower than this cannot change the result. When the compiler ranks, a candidate whose
+        compile floor (the HBM bytes / bandwidth the compiler tier's time is never below: `compile_floor`) is
+        already >= `bar` is not compiled; the node records why and the ledger counts it ("skipped-compiler")."""
         children = list(children)
         for c in children:
             assert c.ir is not None
@@ -216,22 +228,52 @@ class Funnel:
         prune = prune if prune is not None else (None if want is None else want * PRUNE_FACTOR)
         alive = _one_per_signature(alive)[:prune]
         if self.compile_children:
+            todo = [c for c in alive if not self._skip_compile(c, bar)]
             # `jobs` compiles at a time, in model order, stopping when the time budget is spent (uncompiled
             # candidates drop out: the budget is a promise to the user, not a hint).
-            for i in range(0, len(alive), self.jobs):
+            for i in range(0, len(todo), self.jobs):
                 if self.out_of_time() or not self.compile_time_left():
                     self.cut = True
                     break
-                batch = alive[i : i + self.jobs]
+                batch = todo[i : i + self.jobs]
                 for c, r in zip(batch, self.dispatch("compiler", batch), strict=True):
                     if r is not None:
                         c.results["compiler"] = r
                         self.evaluations += 1
             alive = [c for c in alive if c.passed("compiler")]
-        ranked = sorted(alive, key=lambda n: (self.key(n), n.spec))
+        return sorted(alive, key=lambda n: (self.key(n), n.spec))
+
+    def _skip_compile(self, c: Node, bar: float) -> bool:
+        """Whether `c`'s compile cannot change the result: the compiler ranks, and its answer would be >= `bar`
+        (the compiler tier's time is max(static estimate, floor), so floor >= bar decides it without compiling)."""
+        floor_of = getattr(self.evaluator, "compile_floor", None)
+        if self.score_tier != "compiler" or bar == float("inf") or not callable(floor_of):
+            return False
+        floor = floor_of(_ir(c))
+        if floor is None or floor < bar:
+            return False
+        self.skip(c, "compiler", f"compile skipped: its HBM floor {floor * 1e3:.4g} ms is not under {bar * 1e3:.4g} ms")
+        return True
+
+    def skip(self, c: Node, tier: str, why: str) -> None:
+        """Record that `tier` was not run on `c` because it could not change the result."""
+        c.skipped = why
+        self.ledger.skip(tier)
+        self.say("skipped", {"node": c, "tier": tier, "reason": why})
+
+    def check(
+        self,
+        ranked: Sequence[Node],
+        want: int | None,
+        worst_kept: float = float("inf"),
+        *,
+        max_checks: int | None = None,
+    ) -> list[Node]:
+        """The check (and hardware) tiers on `ranked` (best first): the verified ones, best first.
+
+        Checks in rank order, `jobs` at a time, until `want` pass (None: all), at most `max_checks` (default
+        `2 * want`), only candidates faster than `worst_kept`: only those could enter the result."""
         max_checks = max_checks if max_checks is not None else (None if want is None else 2 * want)
-        # Check in rank order, `jobs` at a time, until `want` candidates pass: only candidates that could enter the
-        # result are worth the interpret-mode run.
         queue = [c for c in ranked if self.key(c) < worst_kept][:max_checks]
         goal = len(queue) if want is None else want
         verified: list[Node] = []
