@@ -123,3 +123,38 @@ def test_beam_skips_work_that_cannot_change_its_result_and_wins_the_same(matmul_
     assert len(tiers.seen["compiler"]) <= len(reference.seen["compiler"])
     line = Budget(None, out.wall_s, spend).line()
     assert "skipped (could not change the result):" in line
+
+
+def test_compiles_roll_on_jobs_workers_without_waiting_for_a_batch(matmul_ir) -> None:
+    """With --jobs 2 the next compile starts as soon as one ends: the first (slow) compile is only released after two
+    others have finished, which a lock-step batch of two could never do (it would wait out the timeout)."""
+    import threading
+
+    class Slow(Floored):
+        def __init__(self) -> None:
+            super().__init__(floor=False)
+            self.lock, self.done, self.in_flight, self.peak = threading.Lock(), 0, 0, 0
+            self.released, self.first, self.timed_out = threading.Event(), "", False
+
+        def compiler(self, ir):
+            with self.lock:
+                self.first = self.first or ir.digest
+                self.in_flight += 1
+                self.peak = max(self.peak, self.in_flight)
+            if ir.digest == self.first and self.seen["compiler"]:  # the baseline's compile came first: not it
+                self.timed_out = not self.released.wait(30)
+            r = super().compiler(ir)
+            with self.lock:
+                self.in_flight -= 1
+                self.done += 1
+                if self.done >= 3:  # the baseline and two candidates
+                    self.released.set()
+            return r
+
+    tiers = Slow()
+    f = funnel(matmul_ir, tiers, jobs=2)
+    tiers.first = ""  # the next compile to start is the slow one
+    children = f.expand(f.root, (TilePass,), {"tile": 4})
+    ranked = f.rank(children, want=None)
+    assert not tiers.timed_out and tiers.peak == 2 and not f.cut
+    assert len(ranked) >= 3 and all(c.passed("compiler") for c in ranked)

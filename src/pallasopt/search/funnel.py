@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from ..config import SearchConfig, check_seeds
 from ..cost_model.hardware import Chip
@@ -229,17 +229,12 @@ class Funnel:
         alive = _one_per_signature(alive)[:prune]
         if self.compile_children:
             todo = [c for c in alive if not self._skip_compile(c, bar)]
-            # `jobs` compiles at a time, in model order, stopping when the time budget is spent (uncompiled
-            # candidates drop out: the budget is a promise to the user, not a hint).
-            for i in range(0, len(todo), self.jobs):
-                if self.out_of_time() or not self.compile_time_left():
-                    self.cut = True
-                    break
-                batch = todo[i : i + self.jobs]
-                for c, r in zip(batch, self.dispatch("compiler", batch), strict=True):
-                    if r is not None:
-                        c.results["compiler"] = r
-                        self.evaluations += 1
+            # Up to `jobs` compiles in flight, started in model order (the next as soon as one ends), none started
+            # once the time budget is spent (uncompiled candidates drop out: the budget is a promise, not a hint).
+            for c, r in self.stream("compiler", todo, lambda: not self.out_of_time() and self.compile_time_left()):
+                if r is not None:
+                    c.results["compiler"] = r
+                    self.evaluations += 1
             alive = [c for c in alive if c.passed("compiler")]
         return sorted(alive, key=lambda n: (self.key(n), n.spec))
 
@@ -305,6 +300,23 @@ class Funnel:
             verified = [c for c in timed if c.passed("hardware")]
         return sorted(verified, key=lambda n: (self.key(n), n.spec))
 
+    def restore(self, nodes: Sequence[Node]) -> None:
+        """Every tier a search had run on `nodes` before it was interrupted, run again: with the kernel DB's
+        evaluator each verdict is served from it (nothing finished is redone). No pruning, no budget: a resumed
+        population must be what it was. The baseline (already evaluated) is left as it is."""
+        todo = [n for n in nodes if n is not self.root and n.ir is not None]
+        for n in todo:
+            n.results["model"] = self.ledger.timed("model", self.evaluator.model, _ir(n))
+            self.evaluations += 1
+        tiers = (["compiler"] if self.compile_children else []) + ["check"]
+        tiers += ["hardware"] if self.score_tier == "hardware" else []
+        for tier in tiers:
+            live = [n for n in todo if all(n.passed(t) for t in ("model", *tiers[: tiers.index(tier)]))]
+            for n, r in zip(live, self.dispatch(tier, live), strict=True):
+                if r is not None:
+                    n.results[tier] = r
+                    self.evaluations += 1
+
     def _recheck_below_floor(self, verified: list[Node]) -> list[Node]:
         """Reward-hack guard: a time under half the roofline floor is suspicious; re-check on other seeds."""
         out = list(verified)
@@ -350,6 +362,46 @@ class Funnel:
             return
         with ThreadPoolExecutor(self.jobs) as pool:
             yield from pool.map(fn, batch)
+
+    def stream(
+        self, tier: str, nodes: Sequence[Node], go: Callable[[], bool]
+    ) -> Iterator[tuple[Node, TierResult | None]]:
+        """`tier` on each of `nodes` through `dispatch`, up to `jobs` at once: the next starts as soon as one ends
+        (no batch waits for its slowest member), in `nodes` order, while `go()` holds (else `cut` is set). Answers
+        come as they finish."""
+
+        def one(n: Node) -> tuple[Node, TierResult | None]:
+            (r,) = self.dispatch(tier, [n])
+            return n, r
+
+        if self.jobs == 1 or len(nodes) <= 1:
+            for n in nodes:
+                if not go():
+                    self.cut = True
+                    return
+                yield one(n)
+            return
+
+        with ThreadPoolExecutor(self.jobs) as pool:
+            queue = list(nodes)
+            running: set[Future[tuple[Node, TierResult | None]]] = set()
+
+            def start() -> None:
+                while queue and len(running) < self.jobs:
+                    if not go():
+                        self.cut = True
+                        queue.clear()
+                        return
+                    n = queue.pop(0)
+                    running.add(pool.submit(one, n))
+
+            start()
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    running.discard(fut)
+                    yield fut.result()
+                start()
 
     # -- the end ----------------------------------------------------------------------------------------------------
     def verified(self) -> list[Node]:
