@@ -1,10 +1,11 @@
 """The tier funnel every strategy shares: candidates in, verified and ranked candidates out (ask/tell).
 
 A strategy proposes children (`Funnel.expand`, `Funnel.child`) and hands a batch to `Funnel.evaluate`, which runs
-them through the tiers cheapest first: the roofline model prunes, the deviceless compiler ranks (batches of `jobs`
-under the time budget, stopping while one check still fits), the interpret-mode oracle checks in rank order, a time
-under half the roofline floor is re-checked on other seeds, and the hardware tier times what passed. Failures at any
-tier are recorded on the node and never returned. All compile, check and timing work goes through one method,
+them through the tiers cheapest first (`rank`, then `check`): the roofline model prunes, the deviceless compiler
+ranks (up to `jobs` at once under the time budget, stopping while one check still fits; a compile whose floor keeps
+it out of the result is skipped and recorded), the interpret-mode oracle checks in rank order, a time under half the
+roofline floor is re-checked on other seeds, and the hardware tier times what passed. Failures at any tier are
+recorded on the node and never returned. All compile, check and timing work goes through one method,
 `Funnel.dispatch`, so an executor (threads today) can be swapped in there.
 """
 
@@ -16,11 +17,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from ..config import SearchConfig, check_seeds
 from ..cost_model.hardware import Chip
-from ..errors import PassNotApplicable
 from ..ir.kernel_ir import KernelIR
 from ..passes.base import Pass
+from .candidates import apply_choice, evaluate_baseline, one_per_signature, truncate
 from .node import BaselineIncorrect, Node, ProgressFn, SearchOutcome, score_of
-from .ranking import RANKING_TIERS, choose_tier, only_in_margin, tier_works, unavailable_reason
+from .ranking import RANKING_TIERS, choose_tier, tier_works, unavailable_reason
 from .spend import Ledger
 from .tiers import Evaluator, TierResult
 
@@ -84,7 +85,7 @@ class Funnel:
     # -- the baseline -----------------------------------------------------------------------------------------------
     def _baseline(self) -> None:
         root = self.root
-        n_base, check_s = _evaluate_baseline(root, self.evaluator, self.ledger, self.seeds, self.clock)
+        n_base, check_s = evaluate_baseline(root, self.evaluator, self.ledger, self.seeds, self.clock)
         self.evaluations += n_base
         # What one check costs here (its own record when it came from the database): compiling stops this long
         # before the budget ends, so the candidates it ranked best still get their check (else the budget would end
@@ -147,7 +148,7 @@ class Funnel:
             return self._reached[recipe]
         t0 = self.clock()
         try:
-            node, new = _expand(state, choice, self.nodes, self.say, parents)
+            node, new = apply_choice(state, choice, self.nodes, self.say, parents)
             if new and node is not None:
                 self._lineage(node)
         finally:
@@ -182,7 +183,7 @@ class Funnel:
         """`choice` applied to `state`: a new node, or None (declined, failed: recorded, or already seen)."""
         t0 = self.clock()
         try:
-            node, new = _expand(state, choice, self.nodes, self.say, parents)
+            node, new = apply_choice(state, choice, self.nodes, self.say, parents)
             if new and node is not None:
                 self._lineage(node)
             return node if new else None
@@ -226,7 +227,7 @@ class Funnel:
             key=lambda n: (n.results["model"].time_s or 0.0, len(n.recipe), n.spec),
         )
         prune = prune if prune is not None else (None if want is None else want * PRUNE_FACTOR)
-        alive = _one_per_signature(alive)[:prune]
+        alive = one_per_signature(alive)[:prune]
         if self.compile_children:
             todo = [c for c in alive if not self._skip_compile(c, bar)]
             # Up to `jobs` compiles in flight, started in model order (the next as soon as one ends), none started
@@ -429,102 +430,6 @@ class Funnel:
         )
 
 
-def truncate(options: Sequence[Pass], per_call: int | None) -> tuple[Pass, ...]:
-    """The first `per_call` options for each `pallas_call` (by the pass's `call` field), order kept."""
-    if per_call is None:
-        return tuple(options)
-    seen: dict[object, int] = {}
-    out = []
-    for o in options:
-        k = getattr(o, "call", None)
-        if seen.get(k, 0) < per_call:
-            seen[k] = seen.get(k, 0) + 1
-            out.append(o)
-    return tuple(out)
-
-
 def _ir(n: Node) -> KernelIR:
     assert n.ir is not None, f"{n.spec} has no IR to evaluate"
     return n.ir
-
-
-def _evaluate_baseline(
-    root: Node, evaluator: Evaluator, ledger: Ledger, seeds: tuple[int, int], clock: Callable[[], float]
-) -> tuple[int, float]:
-    """Model, compiler, check and hardware verdicts on the baseline; the number of evaluations and the check's
-    seconds.
-
-    A baseline the model finds over the VMEM limit (or with an illegal block shape) is not compiled or timed: the
-    compiler can take minutes to reject huge blocks (FACTS.md), and its verdict is already known. One the model
-    rejects only for its safety margin under the limit is compiled: there the compiler decides."""
-    assert root.ir is not None
-    ir = root.ir
-    root.results["model"] = ledger.timed("model", evaluator.model, ir)
-    n = 1
-    compile_it = root.passed("model") or only_in_margin(root.results["model"])
-    if compile_it and unavailable_reason(evaluator, "compiler") is None:
-        comp = ledger.timed("compiler", evaluator.compiler, ir)
-        if comp is not None:
-            root.results["compiler"] = comp
-            n += 1
-    fits = root.passed("model") or root.passed("compiler")
-    t_check = clock()
-    root.results["check"] = ledger.timed("check", evaluator.check, ir, seeds)
-    check_s = clock() - t_check
-    n += 1
-    if root.passed("check") and fits and unavailable_reason(evaluator, "hardware") is None:
-        hw = ledger.timed("hardware", evaluator.hardware, ir)
-        if hw is not None:
-            root.results["hardware"] = hw
-            n += 1
-    return n, check_s
-
-
-def _signature(n: Node) -> tuple[object, ...]:
-    """Candidates with the same blocks, grid, buffering and model time are the same to every tier we rank with
-    (e.g. three vmem-limit values that all fit): compile and check one of them."""
-    assert n.ir is not None
-    t = n.results["model"].time_s or 0.0
-    shape = tuple(
-        (c.grid, tuple((o.block_shape, o.buffer_count) for o in c.operands), c.dimension_semantics, len(c.scratch))
-        for c in n.ir.calls
-    )
-    return (round(t, 12), shape)
-
-
-def _one_per_signature(nodes: list[Node]) -> list[Node]:
-    seen: set[tuple[object, ...]] = set()
-    out = []
-    for n in nodes:
-        key = _signature(n)
-        if key not in seen:
-            seen.add(key)
-            out.append(n)
-    return out
-
-
-def _expand(
-    state: Node, choice: Pass, nodes: dict[str, Node], say: ProgressFn, parents: tuple[str, ...] = ()
-) -> tuple[Node | None, bool]:
-    """The node `choice` makes from `state` and whether it is new (None: declined, or failed: recorded)."""
-    assert state.ir is not None
-    spec = choice.spec()
-    recipe = (*state.recipe, spec)
-    lineage = parents or (state.digest,)
-    try:
-        new_ir = choice.apply(state.ir)
-    except PassNotApplicable as e:
-        say("declined", {"recipe": recipe, "reason": e.reason})
-        return None, False
-    except Exception as e:  # a candidate that breaks is a result, never the end of the search
-        digest = f"failed:{'|'.join(recipe)}"
-        nodes[digest] = Node(
-            recipe, digest, lineage[0], state.depth + 1, None, error=f"{type(e).__name__}: {e}", parents=lineage
-        )
-        say("failed", {"recipe": recipe, "error": str(e)})
-        return None, False
-    if new_ir.digest in nodes:
-        return nodes[new_ir.digest], False
-    node = Node(recipe, new_ir.digest, lineage[0], state.depth + 1, new_ir, parents=lineage)
-    nodes[node.digest] = node
-    return node, True
