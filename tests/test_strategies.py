@@ -122,7 +122,7 @@ def test_interrupted_strategy_resumes_without_redoing_evaluations(tmp_path, stra
 
 
 class Digests(Fake):
-    """A Fake that also records the digest of every compile and check it ran."""
+    """A Fake that also records every compile (digest) and check (digest, seeds) it ran."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -132,8 +132,8 @@ class Digests(Fake):
         self.ran.add(("compiler", ir.digest))
         return super().compiler(ir)
 
-    def check(self, ir, seeds, deadline=None):
-        self.ran.add(("check", ir.digest))
+    def check(self, ir, seeds, deadline=None):  # the final re-check's seeds differ: another evaluation
+        self.ran.add(("check", f"{ir.digest} {tuple(seeds)}"))
         return super().check(ir, seeds)
 
 
@@ -142,7 +142,7 @@ def test_resumed_evolve_reloads_its_last_generation_and_continues(tmp_path) -> N
 
     kernel = tmp_path / "matmul.py"  # tile alone has 176 choices here: every generation has offspring
     kernel.write_text((ROOT / "examples" / "matmul.py").read_text())
-    cfg = SearchConfig(beam=2, depth=3, jobs=1, strategy="evolve", passes=("tile",))
+    cfg = SearchConfig(beam=1, depth=3, jobs=1, strategy="evolve", passes=("tile",))
 
     def stop_after_generation_2(event, info):
         if event == "depth" and info["depth"] == 2:  # generation 2 is recorded just before this event
