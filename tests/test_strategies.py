@@ -121,6 +121,63 @@ def test_interrupted_strategy_resumes_without_redoing_evaluations(tmp_path, stra
     assert second.calls["check"] == reference.calls["check"] - 2  # the two finished checks were not redone
 
 
+class Digests(Fake):
+    """A Fake that also records every compile (digest) and check (digest, seeds) it ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ran: set[tuple[str, str]] = set()
+
+    def compiler(self, ir):
+        self.ran.add(("compiler", ir.digest))
+        return super().compiler(ir)
+
+    def check(self, ir, seeds, deadline=None):  # the final re-check's seeds differ: another evaluation
+        self.ran.add(("check", f"{ir.digest} {tuple(seeds)}"))
+        return super().check(ir, seeds)
+
+
+def test_resumed_evolve_reloads_its_last_generation_and_continues(tmp_path) -> None:
+    from pallasopt.db.store import KernelDB
+
+    kernel = tmp_path / "matmul.py"  # tile alone has 176 choices here: every generation has offspring
+    kernel.write_text((ROOT / "examples" / "matmul.py").read_text())
+    cfg = SearchConfig(beam=1, depth=3, jobs=1, strategy="evolve", passes=("tile",))
+
+    def stop_after_generation_2(event, info):
+        if event == "depth" and info["depth"] == 2:  # generation 2 is recorded just before this event
+            raise KeyboardInterrupt
+
+    first = Digests()
+    with pytest.raises(KeyboardInterrupt):
+        optimize(kernel, cfg, db_path=tmp_path / "k.db", evaluator=first, progress=stop_after_generation_2)
+    events: list[tuple[str, object]] = []
+    second = Digests()
+    r = optimize(
+        kernel,
+        cfg,
+        db_path=tmp_path / "k.db",
+        evaluator=second,
+        resume=True,
+        progress=lambda e, i: events.append((e, i)),
+    )
+    assert r.correct and r.strategy == "evolve"
+    # it started from generation 2's population, not from the seed: the first generation it ran is 3
+    restored = [i for e, i in events if e == "restored"]
+    assert restored and restored[0]["generation"] == 2 and restored[0]["members"] >= 1
+    assert [i["depth"] for e, i in events if e == "expanded"] == [3]
+    # no compile or check finished by the first run was run again (the restored members came from the DB)
+    assert first.ran and not (first.ran & second.ran)
+    with KernelDB.open(tmp_path / "k.db") as db:
+        (w,) = db.workloads()
+        old, new = db.runs(w.id)[-2:]
+        assert old.state == "interrupted" and new.state == "done"
+        gens = {p.generation for p in db.population(new.id)}
+        last_old = [p.candidate_id for p in db.population(old.id) if p.generation == 2]
+        kept = [p.candidate_id for p in db.population(new.id) if p.generation == 2]
+    assert gens == {2, 3} and kept == last_old  # the table continues: generation 2 as reloaded, then 3
+
+
 def test_evolve_keeps_its_population_and_lineage_in_the_db(tmp_path) -> None:
     from pallasopt.db.store import KernelDB
 

@@ -278,8 +278,12 @@ def optimize(
             if report_dir is not None:
                 result = _report(Path(report_dir), base, None, result, chip)
             return result
+        # --resume continues the newest run if it was interrupted with this config (evolve reloads its population)
+        resume_from = (
+            last.id if resume and last is not None and last.state == "interrupted" and last.config == key else None
+        )
         run_id = db.start_run(wid, key)
-        cached = CachedEvaluator(inner, db, wid, chip.name, run_id=run_id)
+        cached = CachedEvaluator(inner, db, wid, chip.name, run_id=run_id, resume_from=resume_from)
         try:
             with contextlib.ExitStack() as stack:
                 session = None

@@ -3,6 +3,11 @@
 Each depth expands every state of the beam by every choice of every pass, hands the children to the funnel (model
 prune to 2 x beam, compile, check in rank order until `beam` pass), and keeps the best `beam` verified states
 (parents stay eligible). It stops at the depth limit, the budget, or when a depth improves the best by under 1%.
+
+Only work that can change the result is done (`_checked`): the children faster than the best are checked first;
+the others only shape the next depth's beam, so they are checked only when there is a next depth (not the last
+one, and the best improved by 1%). At the last depth a compile whose floor is not under the best is skipped too.
+Skipped work is recorded on the node and counted in the ledger; the result is the one the full funnel gives.
 """
 
 from __future__ import annotations
@@ -59,7 +64,9 @@ def beam_search(
             stop = "no applicable pass"
             break
         worst_kept = max(f.key(n) for n in beam) if len(beam) >= config.beam else float("inf")
-        verified = f.evaluate(children, config.beam, worst_kept)
+        last = depth == config.depth
+        ranked = f.rank(children, config.beam, min(worst_kept, best_time) if last else worst_kept)
+        verified = _checked(f, ranked, config.beam, worst_kept, best_time, last)
         beam = sorted({n.digest: n for n in beam + verified}.values(), key=lambda n: (f.key(n), n.spec))[: config.beam]
         new_best = f.key(beam[0])
         f.say("depth", {"depth": depth, "best": beam[0], "time_s": new_best, "tier": f.score_tier})
@@ -71,3 +78,28 @@ def beam_search(
             break
         best_time = new_best
     return f.outcome(stop, "beam")
+
+
+def _checked(f: Funnel, ranked: list[Node], want: int, worst_kept: float, best_time: float, last: bool) -> list[Node]:
+    """`f.check(ranked, want, worst_kept)`, less the checks that cannot change the result.
+
+    The result is the fastest verified node, so first the children faster than the best are checked (a prefix of
+    `ranked`, in the same order and limits). The rest can only reorder the beam of the next depth, which runs only
+    if this is not the last depth and the best improved by 1% (the stop rule): otherwise they are skipped."""
+    if f.score_tier == "hardware":  # the hardware times come after the checks: nothing to rank by before them
+        return f.check(ranked, want, worst_kept)
+    n = sum(1 for c in ranked if f.key(c) < best_time)
+    verified = f.check(ranked[:n], want, worst_kept)
+    rest = [c for c in ranked[n:] if f.key(c) < worst_kept]
+    if not rest or len(verified) >= want or f.cut:
+        return verified
+    done = sum(1 for c in ranked[:n] if "check" in c.results)
+    new_best = min([best_time] + [f.key(c) for c in verified])
+    if not last and not new_best > best_time * 0.99:  # the search goes on: the beam must be the full funnel's
+        more = f.check(rest, want - len(verified), worst_kept, max_checks=2 * want - done)
+        return sorted(verified + more, key=lambda c: (f.key(c), c.spec))
+    why = "the last depth" if last else "the best improved by under 1%, so the search stops here"
+    # the ones the full funnel would have checked if each passed
+    for c in rest[: max(0, min(want - len(verified), 2 * want - done))]:
+        f.skip(c, "check", f"check skipped: not faster than the best, and no next depth ({why})")
+    return verified

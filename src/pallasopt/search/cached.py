@@ -16,9 +16,16 @@ class CachedEvaluator:
     lose no finished evaluation. The model tier is cheap and recomputed, but recorded for the report."""
 
     def __init__(
-        self, inner: Evaluator, db: KernelDB, workload_id: int, target: str, run_id: int | None = None
+        self,
+        inner: Evaluator,
+        db: KernelDB,
+        workload_id: int,
+        target: str,
+        run_id: int | None = None,
+        resume_from: int | None = None,
     ) -> None:
         self.inner = inner
+        self.resume_from = resume_from  # the interrupted run this one continues (its recorded population)
         self.db = db
         self.workload_id = workload_id
         self.target = target
@@ -57,6 +64,24 @@ class CachedEvaluator:
         if self.run_id is not None:
             self.db.put_population(self.run_id, generation, [self.candidate_id(m) for m in members])
 
+    def resumed_population(self) -> tuple[int, tuple[tuple[str, ...], ...]] | None:
+        """The last generation the interrupted run `resume_from` recorded and its members' recipes (pass specs),
+        best first; None when there is none (no run to resume, or it stopped before its first generation)."""
+        from ..passes.registry import parse_pipeline
+
+        if self.resume_from is None:
+            return None
+        rows = self.db.population(self.resume_from)
+        if not rows:
+            return None
+        last = max(r.generation for r in rows)
+        recipes = []
+        for r in sorted((r for r in rows if r.generation == last), key=lambda r: r.rank):
+            cand = self.db.candidate(r.candidate_id)
+            if cand is not None:
+                recipes.append(tuple(p.spec() for p in parse_pipeline(cand.recipe)) if cand.recipe else ())
+        return last, tuple(recipes)
+
     def device_kind(self) -> str | None:
         fn = getattr(self.inner, "device_kind", None)
         return fn() if callable(fn) else None
@@ -85,6 +110,10 @@ class CachedEvaluator:
         result = self.inner.model(ir)
         self.db.put_eval(self.candidate_id(ir), "model", self.target, result.ok, result.to_dict(), 0.0)
         return result
+
+    def compile_floor(self, ir: KernelIR) -> float | None:
+        fn = getattr(self.inner, "compile_floor", None)
+        return fn(ir) if callable(fn) else None
 
     def compiler(self, ir: KernelIR) -> TierResult | None:
         return self._cached(ir, "compiler", self.target, lambda: self.inner.compiler(ir))

@@ -6,9 +6,10 @@ also an LLM rewrite of the member, the `llm-rewrite` pass appended) or a crossov
 the tail of the other's, replayed from the baseline; the child names both parents). The funnel prunes them with the
 model to `2 x beam` compiles, checks in rank order and returns only verified members; the population is the best
 `beam` of old and new (elitism: the best never leaves). Only verified members ever enter the population, so nothing
-unverified can be returned. `depth` generations; seeded by `SearchConfig.seed`. Each generation's population is
-recorded through the evaluator (the kernel DB, with CachedEvaluator), and a resumed run replays the same choices with
-every finished evaluation served from the DB.
+unverified can be returned. `depth` generations; generation g draws from its own generator seeded by
+(`SearchConfig.seed`, g). Each generation's population is recorded through the evaluator (the kernel DB's
+`population` table, with CachedEvaluator); a resumed run (`--resume`) reloads the last recorded generation, replays
+its members' recipes (their verdicts come from the DB) and goes on with the next generation.
 """
 
 from __future__ import annotations
@@ -78,6 +79,28 @@ def crossover(f: Funnel, a: Node, b: Node, rng: random.Random) -> Node | None:
     return f.replay(f.root, specs, (a.digest, b.digest))
 
 
+def restore(f: Funnel, evaluator: Evaluator) -> tuple[list[Node], int]:
+    """The population to start from and the generation it is from: the last one an interrupted run recorded
+    (`evaluator.resumed_population()`, the kernel DB), its members replayed and re-verified from their recorded
+    verdicts; else the baseline alone at generation 0. A member that no longer replays or passes is dropped."""
+    fn = getattr(evaluator, "resumed_population", None)
+    got = fn() if callable(fn) else None
+    if not got:
+        return [f.root], 0
+    generation, recipes = got
+    members = {}
+    for specs in recipes:
+        node = f.replay(f.root, specs)
+        if node is not None and node.ir is not None:
+            members[node.digest] = node
+    f.restore(list(members.values()))
+    alive = [n for n in members.values() if n.passed("check") and f.key(n) < float("inf")]
+    if not alive:
+        return [f.root], 0
+    f.say("restored", {"generation": generation, "members": len(alive)})
+    return sorted(alive, key=lambda n: (f.key(n), n.spec)), generation
+
+
 def evolve_search(
     base: KernelIR,
     passes: Sequence[type[Pass]],
@@ -89,15 +112,17 @@ def evolve_search(
     seeds: tuple[int, int] | None = None,
 ) -> SearchOutcome:
     f = Funnel(base, evaluator, chip, config, progress=progress, seeds=seeds, clock=lambda: time.perf_counter())
-    rng = random.Random(config.seed)
-    population = [f.root]
     want = config.beam * PRUNE_FACTOR * 2
     record = getattr(evaluator, "record_population", None)
+    population, done = restore(f, evaluator)
+    if done and callable(record):  # the new run's table starts with the generation it continues from
+        record(done, [n.ir for n in population if n.ir is not None])
     stop = "depth limit"
-    for gen in range(1, config.depth + 1):
+    for gen in range(done + 1, config.depth + 1):
         if not f.budget_left():
             stop = "budget"
             break
+        rng = random.Random(f"evolve:{config.seed}:{gen}")  # a resumed run draws what the uninterrupted one would
 
         offspring: dict[str, Node] = {}
         for _ in range(want * MAX_TRIES):

@@ -1,10 +1,11 @@
 """The tier funnel every strategy shares: candidates in, verified and ranked candidates out (ask/tell).
 
 A strategy proposes children (`Funnel.expand`, `Funnel.child`) and hands a batch to `Funnel.evaluate`, which runs
-them through the tiers cheapest first: the roofline model prunes, the deviceless compiler ranks (batches of `jobs`
-under the time budget, stopping while one check still fits), the interpret-mode oracle checks in rank order, a time
-under half the roofline floor is re-checked on other seeds, and the hardware tier times what passed. Failures at any
-tier are recorded on the node and never returned. All compile, check and timing work goes through one method,
+them through the tiers cheapest first (`rank`, then `check`): the roofline model prunes, the deviceless compiler
+ranks (up to `jobs` at once under the time budget, stopping while one check still fits; a compile whose floor keeps
+it out of the result is skipped and recorded), the interpret-mode oracle checks in rank order, a time under half the
+roofline floor is re-checked on other seeds, and the hardware tier times what passed. Failures at any tier are
+recorded on the node and never returned. All compile, check and timing work goes through one method,
 `Funnel.dispatch`, so an executor (threads today) can be swapped in there.
 """
 
@@ -12,15 +13,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from ..config import SearchConfig, check_seeds
 from ..cost_model.hardware import Chip
-from ..errors import PassNotApplicable
 from ..ir.kernel_ir import KernelIR
 from ..passes.base import Pass
+from .candidates import apply_choice, evaluate_baseline, one_per_signature, truncate
 from .node import BaselineIncorrect, Node, ProgressFn, SearchOutcome, score_of
-from .ranking import RANKING_TIERS, choose_tier, only_in_margin, tier_works, unavailable_reason
+from .ranking import RANKING_TIERS, choose_tier, tier_works, unavailable_reason
 from .spend import Ledger
 from .tiers import Evaluator, TierResult
 
@@ -84,7 +85,7 @@ class Funnel:
     # -- the baseline -----------------------------------------------------------------------------------------------
     def _baseline(self) -> None:
         root = self.root
-        n_base, check_s = _evaluate_baseline(root, self.evaluator, self.ledger, self.seeds, self.clock)
+        n_base, check_s = evaluate_baseline(root, self.evaluator, self.ledger, self.seeds, self.clock)
         self.evaluations += n_base
         # What one check costs here (its own record when it came from the database): compiling stops this long
         # before the budget ends, so the candidates it ranked best still get their check (else the budget would end
@@ -147,7 +148,7 @@ class Funnel:
             return self._reached[recipe]
         t0 = self.clock()
         try:
-            node, new = _expand(state, choice, self.nodes, self.say, parents)
+            node, new = apply_choice(state, choice, self.nodes, self.say, parents)
             if new and node is not None:
                 self._lineage(node)
         finally:
@@ -182,7 +183,7 @@ class Funnel:
         """`choice` applied to `state`: a new node, or None (declined, failed: recorded, or already seen)."""
         t0 = self.clock()
         try:
-            node, new = _expand(state, choice, self.nodes, self.say, parents)
+            node, new = apply_choice(state, choice, self.nodes, self.say, parents)
             if new and node is not None:
                 self._lineage(node)
             return node if new else None
@@ -203,7 +204,19 @@ class Funnel:
 
         `want`: stop checking once this many passed (None: check all). `prune` (default `want * PRUNE_FACTOR`)
         bounds how many survive the model into the compiler, `max_checks` (default `2 * want`) the checks; only
-        candidates faster than `worst_kept` are checked. Sets `cut` when the time budget stopped a stage."""
+        candidates faster than `worst_kept` are compiled (when their floor allows) and checked. Sets `cut` when the
+        time budget stopped a stage."""
+        ranked = self.rank(children, want, worst_kept, prune=prune)
+        return self.check(ranked, want, worst_kept, max_checks=max_checks)
+
+    def rank(
+        self, children: Iterable[Node], want: int | None, bar: float = float("inf"), *, prune: int | None = None
+    ) -> list[Node]:
+        """The model and compiler tiers: the children that passed both, best first at the ranking tier.
+
+        `bar`: a candidate slower than this cannot change the result. When the compiler ranks, a candidate whose
+        compile floor (the HBM bytes / bandwidth the compiler tier's time is never below: `compile_floor`) is
+        already >= `bar` is not compiled; the node records why and the ledger counts it ("skipped-compiler")."""
         children = list(children)
         for c in children:
             assert c.ir is not None
@@ -214,24 +227,49 @@ class Funnel:
             key=lambda n: (n.results["model"].time_s or 0.0, len(n.recipe), n.spec),
         )
         prune = prune if prune is not None else (None if want is None else want * PRUNE_FACTOR)
-        alive = _one_per_signature(alive)[:prune]
+        alive = one_per_signature(alive)[:prune]
         if self.compile_children:
-            # `jobs` compiles at a time, in model order, stopping when the time budget is spent (uncompiled
-            # candidates drop out: the budget is a promise to the user, not a hint).
-            for i in range(0, len(alive), self.jobs):
-                if self.out_of_time() or not self.compile_time_left():
-                    self.cut = True
-                    break
-                batch = alive[i : i + self.jobs]
-                for c, r in zip(batch, self.dispatch("compiler", batch), strict=True):
-                    if r is not None:
-                        c.results["compiler"] = r
-                        self.evaluations += 1
+            todo = [c for c in alive if not self._skip_compile(c, bar)]
+            # Up to `jobs` compiles in flight, started in model order (the next as soon as one ends), none started
+            # once the time budget is spent (uncompiled candidates drop out: the budget is a promise, not a hint).
+            for c, r in self.stream("compiler", todo, lambda: not self.out_of_time() and self.compile_time_left()):
+                if r is not None:
+                    c.results["compiler"] = r
+                    self.evaluations += 1
             alive = [c for c in alive if c.passed("compiler")]
-        ranked = sorted(alive, key=lambda n: (self.key(n), n.spec))
+        return sorted(alive, key=lambda n: (self.key(n), n.spec))
+
+    def _skip_compile(self, c: Node, bar: float) -> bool:
+        """Whether `c`'s compile cannot change the result: the compiler ranks, and its answer would be >= `bar`
+        (the compiler tier's time is max(static estimate, floor), so floor >= bar decides it without compiling)."""
+        floor_of = getattr(self.evaluator, "compile_floor", None)
+        if self.score_tier != "compiler" or bar == float("inf") or not callable(floor_of):
+            return False
+        floor = floor_of(_ir(c))
+        if floor is None or floor < bar:
+            return False
+        self.skip(c, "compiler", f"compile skipped: its HBM floor {floor * 1e3:.4g} ms is not under {bar * 1e3:.4g} ms")
+        return True
+
+    def skip(self, c: Node, tier: str, why: str) -> None:
+        """Record that `tier` was not run on `c` because it could not change the result."""
+        c.skipped = why
+        self.ledger.skip(tier)
+        self.say("skipped", {"node": c, "tier": tier, "reason": why})
+
+    def check(
+        self,
+        ranked: Sequence[Node],
+        want: int | None,
+        worst_kept: float = float("inf"),
+        *,
+        max_checks: int | None = None,
+    ) -> list[Node]:
+        """The check (and hardware) tiers on `ranked` (best first): the verified ones, best first.
+
+        Checks in rank order, `jobs` at a time, until `want` pass (None: all), at most `max_checks` (default
+        `2 * want`), only candidates faster than `worst_kept`: only those could enter the result."""
         max_checks = max_checks if max_checks is not None else (None if want is None else 2 * want)
-        # Check in rank order, `jobs` at a time, until `want` candidates pass: only candidates that could enter the
-        # result are worth the interpret-mode run.
         queue = [c for c in ranked if self.key(c) < worst_kept][:max_checks]
         goal = len(queue) if want is None else want
         verified: list[Node] = []
@@ -262,6 +300,23 @@ class Funnel:
                 timed.append(c)
             verified = [c for c in timed if c.passed("hardware")]
         return sorted(verified, key=lambda n: (self.key(n), n.spec))
+
+    def restore(self, nodes: Sequence[Node]) -> None:
+        """Every tier a search had run on `nodes` before it was interrupted, run again: with the kernel DB's
+        evaluator each verdict is served from it (nothing finished is redone). No pruning, no budget: a resumed
+        population must be what it was. The baseline (already evaluated) is left as it is."""
+        todo = [n for n in nodes if n is not self.root and n.ir is not None]
+        for n in todo:
+            n.results["model"] = self.ledger.timed("model", self.evaluator.model, _ir(n))
+            self.evaluations += 1
+        tiers = (["compiler"] if self.compile_children else []) + ["check"]
+        tiers += ["hardware"] if self.score_tier == "hardware" else []
+        for tier in tiers:
+            live = [n for n in todo if all(n.passed(t) for t in ("model", *tiers[: tiers.index(tier)]))]
+            for n, r in zip(live, self.dispatch(tier, live), strict=True):
+                if r is not None:
+                    n.results[tier] = r
+                    self.evaluations += 1
 
     def _recheck_below_floor(self, verified: list[Node]) -> list[Node]:
         """Reward-hack guard: a time under half the roofline floor is suspicious; re-check on other seeds."""
@@ -309,6 +364,46 @@ class Funnel:
         with ThreadPoolExecutor(self.jobs) as pool:
             yield from pool.map(fn, batch)
 
+    def stream(
+        self, tier: str, nodes: Sequence[Node], go: Callable[[], bool]
+    ) -> Iterator[tuple[Node, TierResult | None]]:
+        """`tier` on each of `nodes` through `dispatch`, up to `jobs` at once: the next starts as soon as one ends
+        (no batch waits for its slowest member), in `nodes` order, while `go()` holds (else `cut` is set). Answers
+        come as they finish."""
+
+        def one(n: Node) -> tuple[Node, TierResult | None]:
+            (r,) = self.dispatch(tier, [n])
+            return n, r
+
+        if self.jobs == 1 or len(nodes) <= 1:
+            for n in nodes:
+                if not go():
+                    self.cut = True
+                    return
+                yield one(n)
+            return
+
+        with ThreadPoolExecutor(self.jobs) as pool:
+            queue = list(nodes)
+            running: set[Future[tuple[Node, TierResult | None]]] = set()
+
+            def start() -> None:
+                while queue and len(running) < self.jobs:
+                    if not go():
+                        self.cut = True
+                        queue.clear()
+                        return
+                    n = queue.pop(0)
+                    running.add(pool.submit(one, n))
+
+            start()
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    running.discard(fut)
+                    yield fut.result()
+                start()
+
     # -- the end ----------------------------------------------------------------------------------------------------
     def verified(self) -> list[Node]:
         """Every node that passed its check and has a time at the ranking tier, best first."""
@@ -335,102 +430,6 @@ class Funnel:
         )
 
 
-def truncate(options: Sequence[Pass], per_call: int | None) -> tuple[Pass, ...]:
-    """The first `per_call` options for each `pallas_call` (by the pass's `call` field), order kept."""
-    if per_call is None:
-        return tuple(options)
-    seen: dict[object, int] = {}
-    out = []
-    for o in options:
-        k = getattr(o, "call", None)
-        if seen.get(k, 0) < per_call:
-            seen[k] = seen.get(k, 0) + 1
-            out.append(o)
-    return tuple(out)
-
-
 def _ir(n: Node) -> KernelIR:
     assert n.ir is not None, f"{n.spec} has no IR to evaluate"
     return n.ir
-
-
-def _evaluate_baseline(
-    root: Node, evaluator: Evaluator, ledger: Ledger, seeds: tuple[int, int], clock: Callable[[], float]
-) -> tuple[int, float]:
-    """Model, compiler, check and hardware verdicts on the baseline; the number of evaluations and the check's
-    seconds.
-
-    A baseline the model finds over the VMEM limit (or with an illegal block shape) is not compiled or timed: the
-    compiler can take minutes to reject huge blocks (FACTS.md), and its verdict is already known. One the model
-    rejects only for its safety margin under the limit is compiled: there the compiler decides."""
-    assert root.ir is not None
-    ir = root.ir
-    root.results["model"] = ledger.timed("model", evaluator.model, ir)
-    n = 1
-    compile_it = root.passed("model") or only_in_margin(root.results["model"])
-    if compile_it and unavailable_reason(evaluator, "compiler") is None:
-        comp = ledger.timed("compiler", evaluator.compiler, ir)
-        if comp is not None:
-            root.results["compiler"] = comp
-            n += 1
-    fits = root.passed("model") or root.passed("compiler")
-    t_check = clock()
-    root.results["check"] = ledger.timed("check", evaluator.check, ir, seeds)
-    check_s = clock() - t_check
-    n += 1
-    if root.passed("check") and fits and unavailable_reason(evaluator, "hardware") is None:
-        hw = ledger.timed("hardware", evaluator.hardware, ir)
-        if hw is not None:
-            root.results["hardware"] = hw
-            n += 1
-    return n, check_s
-
-
-def _signature(n: Node) -> tuple[object, ...]:
-    """Candidates with the same blocks, grid, buffering and model time are the same to every tier we rank with
-    (e.g. three vmem-limit values that all fit): compile and check one of them."""
-    assert n.ir is not None
-    t = n.results["model"].time_s or 0.0
-    shape = tuple(
-        (c.grid, tuple((o.block_shape, o.buffer_count) for o in c.operands), c.dimension_semantics, len(c.scratch))
-        for c in n.ir.calls
-    )
-    return (round(t, 12), shape)
-
-
-def _one_per_signature(nodes: list[Node]) -> list[Node]:
-    seen: set[tuple[object, ...]] = set()
-    out = []
-    for n in nodes:
-        key = _signature(n)
-        if key not in seen:
-            seen.add(key)
-            out.append(n)
-    return out
-
-
-def _expand(
-    state: Node, choice: Pass, nodes: dict[str, Node], say: ProgressFn, parents: tuple[str, ...] = ()
-) -> tuple[Node | None, bool]:
-    """The node `choice` makes from `state` and whether it is new (None: declined, or failed: recorded)."""
-    assert state.ir is not None
-    spec = choice.spec()
-    recipe = (*state.recipe, spec)
-    lineage = parents or (state.digest,)
-    try:
-        new_ir = choice.apply(state.ir)
-    except PassNotApplicable as e:
-        say("declined", {"recipe": recipe, "reason": e.reason})
-        return None, False
-    except Exception as e:  # a candidate that breaks is a result, never the end of the search
-        digest = f"failed:{'|'.join(recipe)}"
-        nodes[digest] = Node(
-            recipe, digest, lineage[0], state.depth + 1, None, error=f"{type(e).__name__}: {e}", parents=lineage
-        )
-        say("failed", {"recipe": recipe, "error": str(e)})
-        return None, False
-    if new_ir.digest in nodes:
-        return nodes[new_ir.digest], False
-    node = Node(recipe, new_ir.digest, lineage[0], state.depth + 1, new_ir, parents=lineage)
-    nodes[node.digest] = node
-    return node, True

@@ -30,6 +30,7 @@ class Node:
     results: dict[str, TierResult] = field(default_factory=dict)
     error: str = ""
     parents: tuple[str, ...] = ()
+    skipped: str = ""  # why a tier was not run on it: it could not change the search's result (funnel.py)
 
     def __post_init__(self) -> None:
         if not self.parents and self.parent is not None:
@@ -46,6 +47,8 @@ class Node:
             r = self.results.get(tier)
             if r is not None and not r.ok:
                 return f"rejected by {tier}: {r.message}"
+        if self.skipped:
+            return f"not checked: {self.skipped}"
         return "ok" if "check" in self.results else "not checked"
 
     def passed(self, tier: str) -> bool:

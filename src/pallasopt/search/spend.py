@@ -2,7 +2,8 @@
 passes ("passes": choosing, applying and re-tracing candidates; its count is the candidates tried).
 
 Seconds are summed over evaluations, so with `--jobs 2` they can add up to more than the wall time. Evaluations
-served from the kernel database count too (at the seconds it took to read them).
+served from the kernel database count too (at the seconds it took to read them). Evaluations the funnel skipped
+because they could not change the result are counted under "skipped-compiler" / "skipped-check" (0 seconds).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 TIERS = ("passes", "model", "compiler", "check", "hardware")
+SKIPPED = "skipped-"  # prefix of the ledger's entries for skipped evaluations: "skipped-compiler", "skipped-check"
 T = TypeVar("T")
 P = ParamSpec("P")
 
@@ -45,9 +47,14 @@ class Ledger:
             old = self._spend.get(tier, TierSpend())
             self._spend[tier] = TierSpend(old.seconds + seconds, old.candidates + candidates)
 
+    def skip(self, tier: str, candidates: int = 1) -> None:
+        """Count evaluations of `tier` not run because they could not change the result (the node says why)."""
+        self.add(SKIPPED + tier, 0.0, candidates)
+
     def snapshot(self) -> dict[str, TierSpend]:
         with self._lock:
-            return {t: self._spend.get(t, TierSpend()) for t in TIERS}
+            skipped = {t: s for t, s in sorted(self._spend.items()) if t.startswith(SKIPPED)}
+            return {t: self._spend.get(t, TierSpend()) for t in TIERS} | skipped
 
 
 @dataclass(frozen=True)
@@ -83,8 +90,16 @@ class Budget:
         """One line for the terminal: 'budget 120 s; search 98.2 s: model 0.4 s (40), compiler 61.0 s (12), ...'."""
         head = f"budget {self.budget_seconds:g} s" if self.budget_seconds is not None else "no budget"
         order = [t for t in TIERS if t in self.by_tier] + sorted(set(self.by_tier) - set(TIERS))
-        parts = [f"{t} {s.seconds:.1f} s ({s.candidates})" for t in order if (s := self.by_tier[t]).candidates]
+        parts = [
+            f"{t} {s.seconds:.1f} s ({s.candidates})"
+            for t in order
+            if (s := self.by_tier[t]).candidates and not t.startswith(SKIPPED)
+        ]
+        skipped = [
+            f"{s.candidates} {t[len(SKIPPED) :]}" for t in order if t.startswith(SKIPPED) and (s := self.by_tier[t])
+        ]
         tail = f"; final re-check {self.final_check_s:.1f} s" if self.final_check_s else ""
+        tail += f"; skipped (could not change the result): {', '.join(skipped)}" if skipped else ""
         return (
             f"{head}; search {self.search_wall_s:.1f} s wall, seconds (candidates) by stage: "
             f"{', '.join(parts) or 'none'}{tail}"

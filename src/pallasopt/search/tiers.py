@@ -69,6 +69,8 @@ class Evaluator(Protocol):
 
     # Optional (the search asks with `getattr`): ``unavailable(tier) -> str | None``, why `compiler` or `hardware`
     # answers None here (None: it is available). The run prints the reason; without it, "the evaluator has no ...".
+    # ``compile_floor(ir) -> float | None``: a time `compiler(ir)` never answers below; the funnel skips a compile
+    # whose floor already keeps it out of the result.
 
 
 def model_tier(ir: KernelIR, chip: Chip) -> TierResult:
@@ -141,6 +143,13 @@ def roofline_floor(ir: KernelIR, chip: Chip) -> float:
     return max(flops / chip.device_peak_flops(dtypes[0]), compulsory / chip.device_hbm_bw_bytes_s)
 
 
+def compile_floor(ir: KernelIR, chip: Chip) -> float:
+    """The compiler tier's floor: its DMA and edge HBM traffic at full bandwidth plus the wrapper's. The static
+    schedule does not model HBM bandwidth (FACTS.md), so the tier answers max(static estimate, this): never less."""
+    model = estimate_calls(ir.calls, chip)
+    return sum(c.dma_s + c.edge_s for c in model.calls) + wrapper_cost(ir).seconds(chip)
+
+
 class Tiers:
     """The real tiers for one target chip; their compiles, checks and timings run on `executor` (default: local
     child processes)."""
@@ -189,6 +198,10 @@ class Tiers:
     def model(self, ir: KernelIR) -> TierResult:
         return model_tier(ir, self.chip)
 
+    def compile_floor(self, ir: KernelIR) -> float | None:
+        """What `compiler(ir)` answers is never below this (None: no compiler tier)."""
+        return compile_floor(ir, self.chip) if self.use_compiler else None
+
     def compiler(self, ir: KernelIR) -> TierResult | None:
         if not self.use_compiler:
             return None
@@ -210,8 +223,7 @@ class Tiers:
         data = {"dims": dims, "steps_scale": scale, "report": _report_dict(rep), "error_kind": rep.error_kind or ""}
         if not rep.ok:
             return TierResult("compiler", False, None, f"{rep.error_kind}: {rep.error}", data)
-        model = estimate_calls(ir.calls, self.chip)
-        hbm_floor = sum(c.dma_s + c.edge_s for c in model.calls) + wrapper_cost(ir).seconds(self.chip)
+        hbm_floor = compile_floor(ir, self.chip)
         static = rep.estimated_s if rep.estimated_s is not None else math.nan
         if math.isnan(static):
             why = rep.note or "no static estimate for this kernel"

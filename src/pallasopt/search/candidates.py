@@ -1,0 +1,110 @@
+"""Making candidates for the funnel (search/funnel.py): a pass choice applied to a state (`apply_choice`), a
+strategy's truncation of a choice space (`truncate`), one candidate per tier signature (`one_per_signature`), and
+the baseline's verdicts at every tier (`evaluate_baseline`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..errors import PassNotApplicable
+from ..passes.base import Pass
+from .node import Node, ProgressFn
+from .ranking import only_in_margin, unavailable_reason
+from .spend import Ledger
+from .tiers import Evaluator
+
+
+def truncate(options: Sequence[Pass], per_call: int | None) -> tuple[Pass, ...]:
+    """The first `per_call` options for each `pallas_call` (by the pass's `call` field), order kept."""
+    if per_call is None:
+        return tuple(options)
+    seen: dict[object, int] = {}
+    out = []
+    for o in options:
+        k = getattr(o, "call", None)
+        if seen.get(k, 0) < per_call:
+            seen[k] = seen.get(k, 0) + 1
+            out.append(o)
+    return tuple(out)
+
+
+def evaluate_baseline(
+    root: Node, evaluator: Evaluator, ledger: Ledger, seeds: tuple[int, int], clock: Callable[[], float]
+) -> tuple[int, float]:
+    """Model, compiler, check and hardware verdicts on the baseline; the number of evaluations and the check's
+    seconds.
+
+    A baseline the model finds over the VMEM limit (or with an illegal block shape) is not compiled or timed: the
+    compiler can take minutes to reject huge blocks (FACTS.md), and its verdict is already known. One the model
+    rejects only for its safety margin under the limit is compiled: there the compiler decides."""
+    assert root.ir is not None
+    ir = root.ir
+    root.results["model"] = ledger.timed("model", evaluator.model, ir)
+    n = 1
+    compile_it = root.passed("model") or only_in_margin(root.results["model"])
+    if compile_it and unavailable_reason(evaluator, "compiler") is None:
+        comp = ledger.timed("compiler", evaluator.compiler, ir)
+        if comp is not None:
+            root.results["compiler"] = comp
+            n += 1
+    fits = root.passed("model") or root.passed("compiler")
+    t_check = clock()
+    root.results["check"] = ledger.timed("check", evaluator.check, ir, seeds)
+    check_s = clock() - t_check
+    n += 1
+    if root.passed("check") and fits and unavailable_reason(evaluator, "hardware") is None:
+        hw = ledger.timed("hardware", evaluator.hardware, ir)
+        if hw is not None:
+            root.results["hardware"] = hw
+            n += 1
+    return n, check_s
+
+
+def signature(n: Node) -> tuple[object, ...]:
+    """Candidates with the same blocks, grid, buffering and model time are the same to every tier we rank with
+    (e.g. three vmem-limit values that all fit): compile and check one of them."""
+    assert n.ir is not None
+    t = n.results["model"].time_s or 0.0
+    shape = tuple(
+        (c.grid, tuple((o.block_shape, o.buffer_count) for o in c.operands), c.dimension_semantics, len(c.scratch))
+        for c in n.ir.calls
+    )
+    return (round(t, 12), shape)
+
+
+def one_per_signature(nodes: list[Node]) -> list[Node]:
+    seen: set[tuple[object, ...]] = set()
+    out = []
+    for n in nodes:
+        key = signature(n)
+        if key not in seen:
+            seen.add(key)
+            out.append(n)
+    return out
+
+
+def apply_choice(
+    state: Node, choice: Pass, nodes: dict[str, Node], say: ProgressFn, parents: tuple[str, ...] = ()
+) -> tuple[Node | None, bool]:
+    """The node `choice` makes from `state` and whether it is new (None: declined, or failed: recorded)."""
+    assert state.ir is not None
+    spec = choice.spec()
+    recipe = (*state.recipe, spec)
+    lineage = parents or (state.digest,)
+    try:
+        new_ir = choice.apply(state.ir)
+    except PassNotApplicable as e:
+        say("declined", {"recipe": recipe, "reason": e.reason})
+        return None, False
+    except Exception as e:  # a candidate that breaks is a result, never the end of the search
+        digest = f"failed:{'|'.join(recipe)}"
+        nodes[digest] = Node(
+            recipe, digest, lineage[0], state.depth + 1, None, error=f"{type(e).__name__}: {e}", parents=lineage
+        )
+        say("failed", {"recipe": recipe, "error": str(e)})
+        return None, False
+    if new_ir.digest in nodes:
+        return nodes[new_ir.digest], False
+    node = Node(recipe, new_ir.digest, lineage[0], state.depth + 1, new_ir, parents=lineage)
+    nodes[node.digest] = node
+    return node, True

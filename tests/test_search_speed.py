@@ -1,0 +1,160 @@
+"""The funnel's sound skips (issue 16, speed): a compile whose floor keeps it out of the result is not run, and beam
+search checks only what can change its result; with fake tiers, the winner is the one the full funnel gives."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import ROOT
+
+from pallasopt.config import SearchConfig
+from pallasopt.cost_model.hardware import get_chip
+from pallasopt.ir.kernel_ir import KernelIR
+from pallasopt.passes.tile import TilePass
+from pallasopt.passes.vmem_limit import VmemLimitPass
+from pallasopt.search.beam import beam_search
+from pallasopt.search.funnel import Funnel
+from pallasopt.search.spend import Budget
+from pallasopt.search.tiers import TierResult, model_tier
+
+V5E = get_chip("v5e")
+MATMUL = ROOT / "examples" / "matmul.py"
+PASSES = (TilePass, VmemLimitPass)
+
+
+class Floored:
+    """Compiler = model x 1.25 x (1 + block rows / 1e6) (the rows break ties), never below its floor = model x 1.0
+    (as the real tier: max(static, HBM floor)); every check passes. Records the digests each tier saw."""
+
+    def __init__(self, floor: bool = True) -> None:
+        self.seen: dict[str, list[str]] = {"compiler": [], "check": []}
+        if not floor:
+            self.compile_floor = None  # type: ignore[assignment]
+
+    def model(self, ir: KernelIR) -> TierResult:
+        return model_tier(ir, V5E)
+
+    def compile_floor(self, ir: KernelIR) -> float | None:
+        return model_tier(ir, V5E).time_s
+
+    def compiler(self, ir: KernelIR) -> TierResult | None:
+        self.seen["compiler"].append(ir.digest)
+        t = model_tier(ir, V5E).time_s or 0.0
+        return TierResult("compiler", True, t * 1.25 * (1 + ir.calls[0].operands[0].block_shape[0] / 1e6), "fake")
+
+    def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
+        self.seen["check"].append(ir.digest)
+        return TierResult("check", True, None, "fake")
+
+    def hardware(self, ir: KernelIR) -> TierResult | None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def matmul_ir() -> KernelIR:
+    return KernelIR.from_file(MATMUL)
+
+
+def funnel(ir: KernelIR, tiers: Floored, **kw: object) -> Funnel:
+    cfg = SearchConfig(**{"beam": 2, "depth": 2, "jobs": 1, **kw})  # type: ignore[arg-type]
+    return Funnel(ir, tiers, V5E, cfg, clock=time.perf_counter)
+
+
+def test_a_compile_whose_floor_is_not_under_the_bar_is_skipped_and_recorded(matmul_ir) -> None:
+    tiers = Floored()
+    f = funnel(matmul_ir, tiers)
+    assert f.score_tier == "compiler"
+    children = f.expand(f.root, (TilePass,), {"tile": 8})
+    floors = sorted(model_tier(c.ir, V5E).time_s for c in children)
+    bar = floors[len(floors) // 2]  # by construction, the slower half has floor >= bar
+    ranked = f.rank(children, want=None, bar=bar)
+    skipped = [c for c in children if c.skipped]
+    assert skipped and len(skipped) == sum(1 for t in floors if t >= bar)
+    assert all(model_tier(c.ir, V5E).time_s >= bar and "compiler" not in c.results for c in skipped)
+    assert not {c.digest for c in skipped} & set(tiers.seen["compiler"])  # never compiled
+    assert all(f.key(c) < float("inf") for c in ranked) and not {c.digest for c in ranked} & {c.digest for c in skipped}
+    assert f.ledger.snapshot()["skipped-compiler"].candidates == len(skipped)
+    assert "not checked: compile skipped" in skipped[0].verdict()
+    # without a floor from the evaluator nothing is skipped
+    g = funnel(matmul_ir, Floored(floor=False))
+    g.rank(g.expand(g.root, (TilePass,), {"tile": 8}), want=None, bar=bar)
+    assert "skipped-compiler" not in g.ledger.snapshot()
+
+
+CHOICES = {"tile": 4}  # fewer tile choices per state than beam's 12: the test stays fast
+
+
+def _full_funnel_beam(ir: KernelIR, tiers: Floored, cfg: SearchConfig) -> tuple[tuple[str, ...], float, str]:
+    """The beam loop as it was before the skips: every child through `Funnel.evaluate`, no floor told."""
+    tiers.compile_floor = None  # type: ignore[assignment]
+    f = Funnel(ir, tiers, V5E, cfg, clock=time.perf_counter)
+    beam, stop, best_time = [f.root], "depth limit", f.key(f.root)
+    for _depth in range(1, cfg.depth + 1):
+        children = [c for s in beam for c in f.expand(s, PASSES, CHOICES)]
+        worst = max(f.key(n) for n in beam) if len(beam) >= cfg.beam else float("inf")
+        verified = f.evaluate(children, cfg.beam, worst)
+        beam = sorted({n.digest: n for n in beam + verified}.values(), key=lambda n: (f.key(n), n.spec))[: cfg.beam]
+        if f.key(beam[0]) > best_time * 0.99:
+            stop = "no progress"
+            break
+        best_time = f.key(beam[0])
+    out = f.outcome(stop)
+    return out.best.recipe, f.key(out.best), stop
+
+
+def test_beam_skips_work_that_cannot_change_its_result_and_wins_the_same(matmul_ir, monkeypatch) -> None:
+    monkeypatch.setattr("pallasopt.search.beam.BEAM_CHOICES", CHOICES)
+    cfg = SearchConfig(beam=3, depth=2, jobs=1)
+    tiers = Floored()
+    out = beam_search(matmul_ir, PASSES, tiers, V5E, cfg)
+    reference = Floored()
+    recipe, best_s, stop = _full_funnel_beam(matmul_ir, reference, cfg)
+    assert (out.best.recipe, out.score(out.best).time_s, out.stop_reason) == (recipe, best_s, stop)
+    # At the last depth the vmem-limit children of the beam's second state are as fast as it: not faster than the
+    # best but faster than the third, so the full funnel checks them; beam does not.
+    skipped = [n for n in out.nodes.values() if n.skipped]
+    assert any("check skipped" in n.skipped for n in skipped)
+    assert all("check" not in n.results for n in skipped)
+    spend = out.spend
+    n_skipped = spend.get("skipped-check", None), spend.get("skipped-compiler", None)
+    assert sum(s.candidates for s in n_skipped if s) == len(skipped)
+    assert len(tiers.seen["check"]) < len(reference.seen["check"])
+    assert len(tiers.seen["compiler"]) <= len(reference.seen["compiler"])
+    line = Budget(None, out.wall_s, spend).line()
+    assert "skipped (could not change the result):" in line
+
+
+def test_compiles_roll_on_jobs_workers_without_waiting_for_a_batch(matmul_ir) -> None:
+    """With --jobs 2 the next compile starts as soon as one ends: the first (slow) compile is only released after two
+    others have finished, which a lock-step batch of two could never do (it would wait out the timeout)."""
+    import threading
+
+    class Slow(Floored):
+        def __init__(self) -> None:
+            super().__init__(floor=False)
+            self.lock, self.done, self.in_flight, self.peak = threading.Lock(), 0, 0, 0
+            self.released, self.first, self.timed_out = threading.Event(), "", False
+
+        def compiler(self, ir):
+            with self.lock:
+                self.first = self.first or ir.digest
+                self.in_flight += 1
+                self.peak = max(self.peak, self.in_flight)
+            if ir.digest == self.first and self.seen["compiler"]:  # the baseline's compile came first: not it
+                self.timed_out = not self.released.wait(30)
+            r = super().compiler(ir)
+            with self.lock:
+                self.in_flight -= 1
+                self.done += 1
+                if self.done >= 3:  # the baseline and two candidates
+                    self.released.set()
+            return r
+
+    tiers = Slow()
+    f = funnel(matmul_ir, tiers, jobs=2)
+    tiers.first = ""  # the next compile to start is the slow one
+    children = f.expand(f.root, (TilePass,), {"tile": 4})
+    ranked = f.rank(children, want=None)
+    assert not tiers.timed_out and tiers.peak == 2 and not f.cut
+    assert len(ranked) >= 3 and all(c.passed("compiler") for c in ranked)
