@@ -11,8 +11,9 @@ measured (ms), and per family and device the median and p90 |error|, Spearman, a
 one problem that differ by > 15% in measured time. Needs the `fidelity` extra (tokamax); no TPU.
 
 The measured times are tokamax's XProf device times of the whole op (median of 5 runs); the tutorial times are host
-wall clock over 100 calls. The model tier costs the pallas_calls only (not XLA ops around them, e.g. the transposes
-tokamax's attention wraps around the splash kernel).
+wall clock over 100 calls. The model tier is the search's (`search.tiers.model_tier`): the pallas_calls plus the HBM
+traffic of the wrapper's data-movement ops (`cost_model/wrapper.py`: the transposes tokamax's attention wraps around
+the splash kernel); `calls_ms` and `wrapper_ms` give the two parts.
 """
 
 from __future__ import annotations
@@ -42,18 +43,23 @@ TUTORIALS = ROOT / "bench" / "fidelity_tutorials.json"
 def run_point(source: str, path: str, chip_name: str, compile_: bool) -> dict[str, Any]:
     from pallasopt.cost_model.hardware import get_chip
     from pallasopt.cost_model.roofline import estimate_calls
+    from pallasopt.cost_model.wrapper import wrapper_cost
     from pallasopt.ir.kernel_ir import KernelIR
 
     t0 = time.time()
     ir = KernelIR.from_source(source, path)
     chip = get_chip(chip_name)
     est = estimate_calls(ir.calls, chip)
+    wrapper_s = wrapper_cost(ir).seconds(chip)  # the model tier the search uses: calls + the wrapper's transposes
     row: dict[str, Any] = {
-        "model_ms": est.time_s * 1e3,
+        "model_ms": (est.time_s + wrapper_s) * 1e3,
+        "calls_ms": est.time_s * 1e3,
+        "wrapper_ms": wrapper_s * 1e3,
         "model_ok": est.ok,
         "calls": [
             {
                 "grid": list(c.grid),
+                "inner_steps": c.body.inner_steps,  # loop iterations per grid step (simulated: ir/loops.py)
                 "bound": e.bound,
                 "prefetch": c.prefetch_note,
                 "notes": list(e.notes),

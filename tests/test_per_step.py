@@ -228,3 +228,135 @@ def test_first_step_init_costs_the_same_as_the_old_weighting() -> None:
     assert len(call.body.branchings) == 1
     aggregate = dataclasses.replace(call, body=dataclasses.replace(call.body, branchings=()))
     assert estimate_call(call, V5E).time_s == pytest.approx(estimate_call(aggregate, V5E).time_s)
+
+
+# A hand-pipelined body (the shape of tokamax's megablox gmm under emit_pipeline): no grid, one `fori_loop` whose
+# bound is read from an SMEM input, a manual copy of one x block per iteration, and the matmul on even iterations
+# only. A static count sees one iteration (one DMA, one dot, an unbounded loop); the simulation runs it.
+LOOP = (
+    HEADER
+    + """
+def kernel(n_ref, x_hbm, w_ref, o_ref, buf, sem):
+    o_ref[...] = jnp.zeros_like(o_ref)
+
+    def body(i, carry):
+        cp = pltpu.make_async_copy(x_hbm.at[pl.ds(i * ROWS, ROWS)], buf, sem)
+        cp.start()
+        cp.wait()
+
+        @pl.when(i % 2 == 0)
+        def _acc():
+            o_ref[...] += jnp.dot(buf[...], w_ref[...], preferred_element_type=jnp.float32)
+
+        return carry
+
+    jax.lax.fori_loop(0, n_ref[0], body, 0)
+
+
+def looped(n, x, w):
+    return pl.pallas_call(
+        kernel,
+        in_specs=[
+            pl.BlockSpec(memory_space=pltpu.SMEM),
+            pl.BlockSpec(memory_space=pl.ANY),
+            pl.BlockSpec((128, 128), lambda: (0, 0)),
+        ],
+        out_specs=pl.BlockSpec((ROWS, 128), lambda: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct((ROWS, 128), jnp.float32),
+        scratch_shapes=[pltpu.VMEM((ROWS, 128), jnp.bfloat16), pltpu.SemaphoreType.DMA],
+    )(n, x, w)
+
+
+def reference(n, x, w):
+    return jnp.dot(x[: ROWS * n[0]].reshape(-1, ROWS, 128)[::2].sum(0), w, preferred_element_type=jnp.float32)
+
+
+def make_inputs(key, N=TRIPS):
+    kx, kw = jax.random.split(key)
+    return (
+        jnp.array([N], jnp.int32),
+        jax.random.normal(kx, (N * ROWS, 128), jnp.float32).astype(jnp.bfloat16),
+        jax.random.normal(kw, (128, 128), jnp.float32).astype(jnp.bfloat16),
+    )
+"""
+)
+
+
+def looped(trips: int, rows: int = 128, bound: str = "n_ref[0]") -> CallFacts:
+    src = LOOP.replace("TRIPS", str(trips)).replace("ROWS", str(rows)).replace("n_ref[0]", bound)
+    return traced(src)
+
+
+def test_a_loop_with_an_smem_bound_is_simulated_trips_dmas_and_branches() -> None:
+    call = looped(5)
+    body = call.body
+    assert not body.has_unbounded_loop
+    assert body.inner_steps == 5
+    assert body.dma_bytes == 5 * 128 * 128 * 2  # one 128x128 bf16 block per iteration
+    (dot,) = body.dots
+    assert dot.count == pytest.approx(3)  # iterations 0, 2, 4 of 5
+    est = estimate_call(call, V5E)
+    assert [(t.method, t.bytes) for t in est.traffic if t.method == "simulated"] == [("simulated", body.dma_bytes)]
+    assert not any(t.operand == "in1" for t in est.traffic)  # the raw x ref is not charged a second time
+    assert V5E.inner_step_overhead_s == 0.0  # not fitted: an inner iteration costs what a grid step does
+    assert est.overhead_s == pytest.approx(6 * V5E.step_overhead_s)  # the step and its 5 inner iterations
+
+
+def test_a_long_loop_is_extrapolated_from_the_simulated_iterations() -> None:
+    from pallasopt.ir.loops import MAX_SIMULATED
+
+    trips = 3 * MAX_SIMULATED + 1
+    body = looped(trips, rows=8).body
+    assert body.inner_steps == trips
+    assert body.dma_bytes == pytest.approx(trips * 8 * 128 * 2, rel=1e-6)
+    assert body.dots[0].count == pytest.approx(trips / 2)  # even iterations among the simulated ones: one half
+    assert f"{MAX_SIMULATED} of {trips} iterations" in body.loop_note
+
+
+def test_a_loop_bound_the_simulation_cannot_evaluate_keeps_the_static_count() -> None:
+    # The bound is computed from a vector read (w's first element): not scalar SMEM arithmetic.
+    body = looped(5, bound="w_ref[0, 0].astype(jnp.int32)").body
+    assert body.has_unbounded_loop
+    assert body.inner_steps == 0 and body.dma_bytes == 0
+    assert body.dots[0].count == 1
+
+
+# A grid sized at run time (splash attention's active blocks, megablox's active tiles): the extent is a scalar the
+# wrapper computes from a small integer input, passed to the pallas_call ahead of the scalar-prefetch tables.
+ACTIVE = (
+    HEADER
+    + """
+def kernel(idx_ref, x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2
+
+
+def active(mask, x):
+    idx = jnp.nonzero(mask, size=mask.shape[0], fill_value=0)[0].astype(jnp.int32)
+    n = jnp.sum(mask != 0).astype(jnp.int32)
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1,
+        grid=(n,),
+        in_specs=[pl.BlockSpec((128, 128), lambda i, idx: (idx[i], 0))],
+        out_specs=pl.BlockSpec((128, 128), lambda i, idx: (idx[i], 0)),
+    )
+    return pl.pallas_call(kernel, grid_spec=spec, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(idx, x)
+
+
+def reference(mask, x):
+    return x * 2
+
+
+def make_inputs(key, M=1024):
+    mask = jnp.array([1, 0, 1, 1, 0, 0, 1, 0], jnp.int32)
+    return mask, jax.random.normal(key, (M, 128), jnp.float32)
+"""
+)
+
+
+def test_a_run_time_grid_extent_is_materialized_and_the_tables_follow_it() -> None:
+    call = traced(ACTIVE)
+    assert call.dynamic_axes == (0,)
+    assert call.grid == (4,)  # four active blocks, not 1024 / 128 = 8
+    assert call.prefetch is not None
+    np.testing.assert_array_equal(call.prefetch[0], [0, 2, 3, 6, 0, 0, 0, 0])  # the table, not the extent
+    assert fetches(call)["in0"] == (4, "data")

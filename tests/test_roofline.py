@@ -358,3 +358,14 @@ def test_time_is_max_of_dma_and_compute_plus_overhead_plus_edges() -> None:
 def test_small_blocks_are_step_overhead_bound() -> None:
     e = estimate_call(rows(br=8, bc=128, r=512, c=512), V5E)
     assert e.bound == "step-overhead"
+
+
+def test_vector_serial_charges_that_fraction_of_the_smaller_unit_on_top() -> None:
+    call = traced(SWAPPED)  # matmul plus a bias add: both MXU and VPU time
+    base = estimate_call(call, V5E)
+    assert V5E.vector_serial == 0.0  # only tpu7x has a fitted value: v5e's dense estimates are unchanged
+    assert base.vpu_s > 0 and base.mxu_s > 0
+    e = estimate_call(call, dataclasses.replace(V5E, vector_serial=0.5))
+    compute = max(base.mxu_s, base.vpu_s + base.eup_s) + 0.5 * min(base.mxu_s, base.vpu_s + base.eup_s)
+    assert e.time_s == pytest.approx(max(e.dma_s, compute + e.overhead_s) + e.edge_s)
+    assert e.time_s > base.time_s or e.bound == "memory"

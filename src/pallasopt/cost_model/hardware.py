@@ -114,6 +114,12 @@ class Chip:
     devices_per_chip: int = 1  # JAX devices per chip: 2 on TPU7x (each TensorCore is a device)
     smem_bytes: int = 0  # TPU scalar memory (SMEM) per TensorCore; 0 for GPUs
     peak_f32_highest_flops: float = 0.0  # f32 matmul FLOP/s per chip at Precision.HIGHEST (true f32)
+    # Fraction of min(MXU, VPU + EUP) time of a grid step that does not hide under the larger of the two (the model's
+    # step compute is max + vector_serial x min). 0 (full overlap) where no measurement says otherwise.
+    vector_serial: float = 0.0
+    # Fixed cost of one iteration of a loop inside a grid step (emit_pipeline's inner steps: `ir/loops.py`); 0 means
+    # the same as a grid step.
+    inner_step_overhead_s: float = 0.0
 
     def native_tile(self, dtype: Any) -> tuple[int, int]:
         """(sublanes, lanes) of the native VMEM tile of `dtype`; (1, 1) on GPUs, which have no layout tile."""
@@ -153,6 +159,12 @@ _F32_HIGHEST_PASSES = 6.0
 # 1.5 GHz); other TPUs are assumed to take the same number of cycles. (The compiler's estimate charges ~745
 # cycles per 128^3 bf16 step on v5e and ~476 on v6e [libtpu].)
 _STEP_CYCLES = 525.0
+# Per iteration of a loop inside a grid step (emit_pipeline's inner steps; `ir/loops.py`): `Chip.
+# inner_step_overhead_s` stays 0 on every TPU, i.e. inferred: the same as a grid step. A fit was tried and NOT adopted (issue 13): on the training half of tokamax 0.0.12's v5e
+# megablox ragged-dot points (5 points, all steps inner; `bench/fidelity_fit.py`) the argmin of the median |error|
+# was 3.25 x 525 cycles (training median 16.8% -> 2.0%, p90 26.6% -> 16.8%), but on the validation half (7 points)
+# it made the median worse (7.4% -> 9.0%; p90 15.7% -> 15.2%; model/measured 0.93 -> 1.09), so the data do not
+# support it.
 
 # VPU: 8 sublanes x 128 lanes x 4 f32 ALU ops per cycle. [libtpu]: the marginal cost of an elementwise multiply
 # chain is 4 vregs (of 8 x 128) per cycle in the compiler's model on both v5e and v6e. inferred: same elsewhere.
@@ -180,6 +192,8 @@ def _tpu(
     mxus_per_core: int,
     clock_hz: float,
     devices_per_chip: int = 1,
+    vector_serial: float = 0.0,
+    step_cycles: float = _STEP_CYCLES,
 ) -> Chip:
     return Chip(
         name=name,
@@ -199,10 +213,11 @@ def _tpu(
         mxu_shape=mxu_shape,
         mxus_per_core=mxus_per_core,
         clock_hz=clock_hz,
-        step_overhead_s=_STEP_CYCLES / clock_hz,
+        step_overhead_s=step_cycles / clock_hz,
         vpu_flops=_VPU_OPS_PER_CYCLE * clock_hz * tensorcores_per_chip,
         eup_ops=_EUP_OPS_PER_CYCLE * clock_hz * tensorcores_per_chip,
         devices_per_chip=devices_per_chip,
+        vector_serial=vector_serial,
         smem_bytes=1 * _MiB,  # [jax] smem_capacity_bytes = 1 MiB per core (v4 and later)
     )
 
@@ -307,6 +322,13 @@ TPU7X = _tpu(
     # inferred: 2307e12 / (2 cores x 4 x 256^2 x 2 flops) = 2.2 GHz (same 4-MXU-rate assumption as v6e).
     clock_hz=2.2e9,
     devices_per_chip=2,  # measured: "tpu7x:2x2x1" has 8 devices for 4 chips
+    # fitted (issue 13), both at once, on the TRAINING half of tokamax 0.0.12's tpu7x splash flash-attention points
+    # (38 points; `python bench/fidelity_fit.py bench/results/fidelity-tokamax-train-2026-12-02.json`, a grid search
+    # keeping the argmin of the median |error|): 2.5 x the assumed 525 cycles per grid step (0.60 us at 2.2 GHz)
+    # and 0.1 of the smaller of MXU / VPU + EUP time not hidden under the larger. Training residual: median |error|
+    # 12.3% -> 7.8%, p90 27.7% -> 30.4%; validation (38 other problems): see docs/cost-model.md.
+    step_cycles=2.5 * _STEP_CYCLES,
+    vector_serial=0.1,
 )
 
 

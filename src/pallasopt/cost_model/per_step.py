@@ -37,7 +37,7 @@ def evaluated_fetches(
 
 @dataclass(frozen=True)
 class StepCompute:
-    """Summed over the grid (one core): MXU, VPU and EUP seconds and the per-step max(MXU, VPU + EUP)."""
+    """Summed over the grid (one core): MXU, VPU and EUP seconds and the per-step compute (`step_compute`)."""
 
     mxu_s: float
     vpu_s: float
@@ -50,13 +50,15 @@ def evaluated_compute(
     call: CallFacts,
     order: Sequence[int] | None,
     per_step: tuple[float, float, float],
+    serial: float,
     dots_s: Callable[[Sequence[Dot]], float],
     vpu_s: Callable[[int], float],
     eup_s: Callable[[int], float],
 ) -> StepCompute | None:
     """Compute time with each evaluable `pl.when` charged only on the steps that take it; None when no branching
     of the body can be evaluated (then the aggregate weights stand). `per_step`: the aggregate MXU/VPU/EUP seconds
-    of one step, in which each branching's branches were merged with their `assumed` weights."""
+    of one step, in which each branching's branches were merged with their `assumed` weights; `serial`: the chip's
+    `vector_serial` (a step's compute is max(MXU, VPU + EUP) + serial x min)."""
     branchings = call.body.branchings
     n = call.steps
     if not branchings or n > MAX_EVALUATED_STEPS:
@@ -87,6 +89,6 @@ def evaluated_compute(
         mxu_s=float(mxu.sum()),
         vpu_s=float(vpu.sum()),
         eup_s=float(eup.sum()),
-        compute_s=float(np.maximum(mxu, vpu + eup).sum()),
+        compute_s=float((np.maximum(mxu, vpu + eup) + serial * np.minimum(mxu, vpu + eup)).sum()),
         fractions=tuple(fractions),
     )

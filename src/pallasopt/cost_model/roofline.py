@@ -38,6 +38,7 @@ class Traffic:
     bytes: int
     method: (
         str  # "closed-form" | "enumerated" | "data" (evaluated on the prefetch tables) | "structural" | "manual-dma"
+        # | "simulated" (the DMAs of a hand-pipelined body, counted by running its scalar part: ir/loops.py)
     )
 
 
@@ -216,6 +217,12 @@ def legality_problems(call: CallFacts, chip: Chip) -> list[str]:
     return problems
 
 
+def step_compute(mxu_s: float, vector_s: float, chip: Chip) -> float:
+    """A grid step's compute: the larger of MXU and VPU + EUP time, plus the part of the smaller one that does not
+    hide under it (`Chip.vector_serial`, fitted per chip where measurements exist: hardware.py)."""
+    return max(mxu_s, vector_s) + chip.vector_serial * min(mxu_s, vector_s)
+
+
 def _mxu_seconds(call: CallFacts, chip: Chip) -> float:
     return dots_seconds(call.body.dots, chip)
 
@@ -260,9 +267,15 @@ def estimate_call(call: CallFacts, chip: Chip, order: Sequence[int] | None = Non
     notes: list[str] = []
     first_bytes = 0
     last_bytes = 0
+    simulated = call.body.dma_bytes > 0  # the body's DMAs were counted by simulating it (ir/loops.py)
+    if simulated:
+        traffic.append(Traffic("manual-dma", 1, call.body.dma_bytes * steps, "simulated"))
+        notes.append(call.body.loop_note)
+    elif call.body.loop_note:
+        notes.append(call.body.loop_note)
     for op in call.operands:
         if not op.is_pipelined:
-            if op.memory_space in ("any", "hbm"):
+            if op.memory_space in ("any", "hbm") and not simulated:
                 traffic.append(Traffic(op.name, 1, op.array_bytes, "manual-dma"))
                 notes.append(f"{op.name} is copied by hand (memory_space=ANY): counted as one pass over the array")
             continue
@@ -279,16 +292,20 @@ def estimate_call(call: CallFacts, chip: Chip, order: Sequence[int] | None = Non
     vpu_rate, eup_rate = chip.vpu_flops / chip.devices_per_chip, chip.eup_ops / chip.devices_per_chip
     vpu = call.body.vpu_elems * lane / vpu_rate
     eup = call.body.transcendental_elems * lane / eup_rate
-    compute_step = max(mxu, vpu + eup)
+    compute_step = step_compute(mxu, vpu + eup, chip)
     split = _megacore_split(call, chip)
     cores = 2 if split else 1
-    overhead_total = steps * chip.step_overhead_s / cores
+    # A loop inside a step (emit_pipeline's inner steps) pays a fixed cost per iteration too (`Chip.
+    # inner_step_overhead_s`: each issues and waits on its DMAs and updates its block indices like a grid step).
+    inner_s = chip.inner_step_overhead_s or chip.step_overhead_s
+    overhead_total = steps * (chip.step_overhead_s + call.body.inner_steps * inner_s) / cores
     compute_total = steps * compute_step / cores
     mxu_total, vpu_total, eup_total = mxu * steps / cores, vpu * steps / cores, eup * steps / cores
     per_step = evaluated_compute(
         call,
         order,
         (mxu, vpu, eup),
+        chip.vector_serial,
         lambda dots: dots_seconds(dots, chip),
         lambda elems: elems * lane / vpu_rate,
         lambda elems: elems * lane / eup_rate,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -11,6 +11,7 @@ import jax.extend.core
 import numpy as np
 
 from .facts import BodyStats, Branching, Dot, dtype_bytes
+from .loops import LoopProfile, has_loop, profile
 from .steps import NotEvaluable, evaluate, slice_supported
 
 TRANSCENDENTAL = frozenset(
@@ -100,9 +101,12 @@ def _count_body(
     grid: tuple[int, ...] = (),
     top: list[Branching] | None = None,
     prefetch_refs: frozenset[Any] = frozenset(),
+    prof: LoopProfile | None = None,
 ) -> None:
     """Add the work of `jaxpr` to `acc`. `top`: at the kernel's top level, where the Branching records of conds
-    whose predicate can be evaluated per grid step go (`prefetch_refs`: the kernel's scalar-prefetch refs)."""
+    whose predicate can be evaluated per grid step go (`prefetch_refs`: the kernel's scalar-prefetch refs).
+    `prof`: a simulation of the body (`ir/loops.py`): loop trip counts and branch fractions it evaluated replace
+    the static rules (a while counted once, a cond not on program ids charged its costly branch)."""
     pids: dict[Any, set[int]] = {}  # vars derived from program_id, by grid axis (for pl.when weighting)
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
@@ -167,17 +171,27 @@ def _count_body(
             acc["vpu"] += multiplier * out_elems
         if name == "scan":
             inner = eqn.params["jaxpr"].jaxpr
-            _count_body(inner, multiplier * int(eqn.params["length"]), acc, grid)
+            _count_body(inner, multiplier * int(eqn.params["length"]), acc, grid, prof=prof)
+        elif name == "while" and prof is not None and id(eqn) in prof.trips:
+            trips = prof.trips[id(eqn)]
+            acc["inner"] += multiplier * trips
+            _count_body(eqn.params["body_jaxpr"].jaxpr, multiplier * trips, acc, grid, prof=prof)
         elif name == "while":
             acc["unbounded"] = True
-            _count_body(eqn.params["body_jaxpr"].jaxpr, multiplier, acc, grid)
+            _count_body(eqn.params["body_jaxpr"].jaxpr, multiplier, acc, grid, prof=prof)
+        elif name == "cond" and prof is not None and id(eqn) in prof.cond_weights:
+            for br, w in zip(eqn.params["branches"], prof.cond_weights[id(eqn)], strict=True):
+                if w > 0:
+                    sub = _new_acc()
+                    _count_body(br.jaxpr, multiplier, sub, grid, prof=prof)
+                    _merge(acc, sub, w)
         elif name == "cond":
             # A `pl.when(program_id(a) == 0 / == last)` branch runs on 1 of grid[a] steps: weight the costly branch
             # by 1/grid[a] and the cheap one by the rest. Conditions not on program_id: count the costly branch.
             subs = []
             for br in eqn.params["branches"]:
                 sub = _new_acc()
-                _count_body(br.jaxpr, multiplier, sub, grid)
+                _count_body(br.jaxpr, multiplier, sub, grid, prof=prof)
                 subs.append(sub)
             if subs:
                 subs.sort(key=_weight)
@@ -195,7 +209,7 @@ def _count_body(
                         top.append(record)
         else:
             for sub in _subjaxprs(eqn):
-                _count_body(sub, multiplier, acc, grid)
+                _count_body(sub, multiplier, acc, grid, prof=prof)
 
 
 def _branching(
@@ -266,6 +280,7 @@ def _new_acc() -> dict[str, Any]:
         "prims": set(),
         "temp": 0,
         "reduced": 0,
+        "inner": 0.0,
     }
 
 
@@ -280,7 +295,7 @@ def _merge(acc: dict[str, Any], other: Mapping[str, Any], weight: float = 1.0) -
         acc["dots"].extend(other["dots"])
     else:  # a dot in a branch taken on a fraction of the steps
         acc["dots"].extend(dataclasses.replace(d, count=d.count * weight) for d in other["dots"])
-    for k in ("vpu", "eup", "load", "store"):
+    for k in ("vpu", "eup", "load", "store", "inner"):
         acc[k] += other[k] * weight
     for k in ("dma", "sem", "unbounded"):
         acc[k] = acc[k] or other[k]
@@ -367,13 +382,23 @@ def _dma_serialized(jaxpr: Any) -> bool:
     return False
 
 
-def body_stats(kernel_jaxpr: Any, grid: tuple[int, ...] = (), state_refs: int = 0, n_prefetch: int = 0) -> BodyStats:
+def body_stats(
+    kernel_jaxpr: Any,
+    grid: tuple[int, ...] = (),
+    state_refs: int = 0,
+    n_prefetch: int = 0,
+    smem: Sequence[np.ndarray | None] | None = None,
+) -> BodyStats:
     """`state_refs`: how many trailing refs of the kernel persist across grid steps (its outputs and scratch);
-    `n_prefetch`: how many leading refs are scalar-prefetch tables."""
+    `n_prefetch`: how many leading refs are scalar-prefetch tables; `smem`: the values of the kernel's leading refs
+    that are small SMEM tables (None each where unknown), for simulating loops in the body (`ir/loops.py`)."""
     acc = _new_acc()
     branchings: list[Branching] = []
     refs = frozenset(kernel_jaxpr.invars[:n_prefetch])
-    _count_body(kernel_jaxpr, 1, acc, grid, branchings, refs)
+    prof = profile(kernel_jaxpr, list(smem or ())) if has_loop(kernel_jaxpr) else None
+    _count_body(kernel_jaxpr, 1, acc, grid, branchings, refs, prof)
+    if prof is not None and not prof.trips:
+        prof = None
     return BodyStats(
         dots=tuple(acc["dots"]),
         vpu_elems=int(acc["vpu"]),
@@ -390,4 +415,17 @@ def body_stats(kernel_jaxpr: Any, grid: tuple[int, ...] = (), state_refs: int = 
         max_reduced_bytes=int(acc["reduced"]),
         dma_serialized=_dma_serialized(kernel_jaxpr),
         branchings=tuple(branchings),
+        inner_steps=float(acc["inner"]),
+        dma_bytes=int(prof.dma_bytes) if prof is not None and prof.complete else 0,
+        loop_note=_loop_note(prof),
     )
+
+
+def _loop_note(prof: LoopProfile | None) -> str:
+    if prof is None:
+        return ""
+    head = (
+        f"inner loops simulated ({prof.simulated} of {prof.iterations:.0f} iterations interpreted, the rest "
+        f"extrapolated; {prof.dma_starts:.0f} DMAs, {prof.dma_bytes / 2**20:.1f} MiB)"
+    )
+    return head if prof.complete else f"{head}; incomplete: {prof.note} (DMA bytes not used)"

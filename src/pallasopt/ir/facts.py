@@ -168,6 +168,12 @@ class BodyStats:
     max_reduced_bytes: int = 0  # largest value a reduction consumes (the compiler keeps one copy in VMEM)
     dma_serialized: bool = False  # a manual copy is waited on right after it starts (no overlap with compute)
     branchings: tuple[Branching, ...] = ()  # pl.when regions whose branch each grid step takes can be computed
+    # Loops inside a grid step run by simulation (`ir/loops.py`; emit_pipeline, fori_loop with SMEM bounds): their
+    # iterations per grid step (the counts above already include them), the bytes their DMAs move per grid step
+    # (0 when none or when the simulation was incomplete) and what was simulated.
+    inner_steps: float = 0.0
+    dma_bytes: int = 0
+    loop_note: str = ""
 
     @property
     def mxu_flops(self) -> int:
@@ -194,8 +200,9 @@ class CallFacts:
     # `file:line (function)` of the pallas_call when a library wrote it (then `span` is the user's call into the
     # library, and only the values the user's file passes in can be rewritten); None when the user's file wrote it.
     library_site: str | None = None
-    # Grid axes whose extent is only known at run time (a scalar the kernel computes, e.g. megablox's active tiles):
-    # `grid` holds ceil(array / block) along them, the extent when no block is visited twice.
+    # Grid axes whose extent is only known at run time (a scalar the wrapper computes, e.g. megablox's active tiles,
+    # splash attention's active blocks): `grid` holds the extent materialized from make_inputs when it could be
+    # (the prefetch note says so), else ceil(array / block), the extent when no block is visited twice.
     dynamic_axes: tuple[int, ...] = ()
     # Values of the scalar-prefetch operands, materialized from `make_inputs` when they are small integer tables
     # (block masks, page indices, group sizes, lengths); None when not, and `prefetch_note` says why.

@@ -157,16 +157,117 @@ def prefetch_values(
 ) -> tuple[tuple[np.ndarray, ...] | None, str]:
     """The scalar-prefetch operand values of the chain's pallas_call, or (None, why not); (None, "") without any."""
     eqn = chain[-1]
-    n = int(eqn.params["grid_mapping"].num_index_operands)
+    gm = eqn.params["grid_mapping"]
+    n, nd = int(gm.num_index_operands), int(getattr(gm, "num_dynamic_grid_bounds", 0))
     if n == 0:
         return None, ""
     d = dict(workload.dims if dims is None else dims)
     try:
         scope = _scopes(closed, chain)
-        tables = tuple(np.asarray(t) for t in _evaluate(workload, d, scope, eqn.invars[:n]))
+        # The call's operands start with its run-time grid bounds (splash attention's active block count), then
+        # the scalar-prefetch tables.
+        tables = tuple(np.asarray(t) for t in _evaluate(workload, d, scope, eqn.invars[nd : nd + n]))
     except _Unavailable as e:
         return None, f"scalar-prefetch values not materialized: {e}"
     except Exception as e:  # user code in make_inputs, or an op that does not run eagerly
         return None, f"scalar-prefetch values not materialized: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
     sizes = ", ".join("x".join(str(s) for s in t.shape) or "scalar" for t in tables)
     return tables, f"scalar-prefetch values materialized from make_inputs ({sizes})"
+
+
+def smem_values(
+    workload: Workload, dims: Mapping[str, int] | None, closed: Any, chain: Sequence[Any]
+) -> tuple[tuple[np.ndarray | None, ...] | None, str]:
+    """The values of the chain's pallas_call operands that its kernel reads from SMEM (scalar prefetch, and inputs
+    with `memory_space=SMEM`: a hand-pipelined kernel's grid sizes and group tables), by operand position (None
+    for the other operands); (None, why not) when they cannot be built as `prefetch_values` builds its tables."""
+    eqn = chain[-1]
+    kernel = eqn.params["jaxpr"]
+    nd = int(getattr(eqn.params["grid_mapping"], "num_dynamic_grid_bounds", 0))
+    operands = list(eqn.invars[nd:])
+    positions = [
+        i
+        for i, (outer, ref) in enumerate(zip(operands, kernel.invars, strict=False))
+        if "smem" in str(getattr(ref, "aval", "")).lower() and _integer(outer.aval)
+    ]
+    if not positions:
+        return None, ""
+    d = dict(workload.dims if dims is None else dims)
+    try:
+        scope = _scopes(closed, chain)
+        values = [np.asarray(t) for t in _evaluate(workload, d, scope, [operands[i] for i in positions])]
+    except _Unavailable as e:
+        return None, f"SMEM operand values not materialized: {e}"
+    except Exception as e:  # user code in make_inputs, or an op that does not run eagerly
+        return None, f"SMEM operand values not materialized: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    out: list[np.ndarray | None] = [None] * len(operands)
+    for i, v in zip(positions, values, strict=True):
+        out[i] = v
+    return tuple(out), f"SMEM operand values materialized from make_inputs ({len(positions)} tables)"
+
+
+def dynamic_bounds(
+    workload: Workload, dims: Mapping[str, int] | None, closed: Any, chain: Sequence[Any]
+) -> tuple[tuple[int, ...] | None, str]:
+    """The run-time extents of the chain's pallas_call's dynamic grid axes (its leading operands), computed as
+    `prefetch_values` computes its tables; (None, why not) when they cannot be; (None, "") without any."""
+    eqn = chain[-1]
+    nd = int(getattr(eqn.params["grid_mapping"], "num_dynamic_grid_bounds", 0))
+    if nd == 0:
+        return None, ""
+    d = dict(workload.dims if dims is None else dims)
+    try:
+        values = _evaluate(workload, d, _scopes(closed, chain), eqn.invars[:nd])
+        return tuple(
+            int(np.asarray(v).reshape(())) for v in values
+        ), "dynamic grid extents materialized from make_inputs"
+    except _Unavailable as e:
+        return None, f"dynamic grid extents not materialized: {e}"
+    except Exception as e:
+        return None, f"dynamic grid extents not materialized: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+
+
+Values = tuple[tuple[np.ndarray, ...] | None, str]
+
+
+def operand_values(
+    workload: Workload, dims: Mapping[str, int] | None, closed: Any, chain: Sequence[Any], with_smem: bool
+) -> tuple[Values, tuple[tuple[np.ndarray | None, ...] | None, str], tuple[tuple[int, ...] | None, str]]:
+    """`prefetch_values`, `smem_values` (when `with_smem`) and `dynamic_bounds` of the chain's pallas_call, built in
+    one jitted program when they all can be (one compile per trace, not three); otherwise each on its own."""
+    eqn = chain[-1]
+    gm = eqn.params["grid_mapping"]
+    n, nd = int(gm.num_index_operands), int(getattr(gm, "num_dynamic_grid_bounds", 0))
+    kernel = eqn.params["jaxpr"]
+    operands = list(eqn.invars[nd:])
+    smem_pos = [
+        i
+        for i, (outer, ref) in enumerate(zip(operands, kernel.invars, strict=False))
+        if with_smem and "smem" in str(getattr(ref, "aval", "")).lower() and _integer(outer.aval)
+    ]
+    wanted = [*eqn.invars[:nd], *operands[:n], *(operands[i] for i in smem_pos)]
+    if not wanted:
+        return (None, ""), (None, ""), (None, "")
+    try:
+        values = [
+            np.asarray(v)
+            for v in _evaluate(workload, dict(workload.dims if dims is None else dims), _scopes(closed, chain), wanted)
+        ]
+    except Exception:  # some value cannot be built: try each kind alone, each saying why not
+        alone = smem_values(workload, dims, closed, chain) if with_smem else (None, "")
+        return prefetch_values(workload, dims, closed, chain), alone, dynamic_bounds(workload, dims, closed, chain)
+    bounds, tables, smem_vals = values[:nd], values[nd : nd + n], values[nd + n :]
+    prefetch: Values = (None, "")
+    if n:
+        sizes = ", ".join("x".join(str(s) for s in t.shape) or "scalar" for t in tables)
+        prefetch = (tuple(tables), f"scalar-prefetch values materialized from make_inputs ({sizes})")
+    smem: tuple[tuple[np.ndarray | None, ...] | None, str] = (None, "")
+    if smem_pos:
+        out: list[np.ndarray | None] = [None] * len(operands)
+        for i, v in zip(smem_pos, smem_vals, strict=True):
+            out[i] = v
+        smem = (tuple(out), f"SMEM operand values materialized from make_inputs ({len(smem_pos)} tables)")
+    dyn: tuple[tuple[int, ...] | None, str] = (None, "")
+    if nd:
+        dyn = (tuple(int(v.reshape(())) for v in bounds), "dynamic grid extents materialized from make_inputs")
+    return prefetch, smem, dyn

@@ -146,6 +146,11 @@ def _read(env: Mapping[Any, Any], v: Any) -> Any:
     return env[v]
 
 
+def run_equation(eqn: Any, env: dict[Any, Any], pids: Sequence[np.ndarray] = (), grid: Sequence[int] = ()) -> None:
+    """Evaluate one scalar equation into `env` (its inputs read from it); `NotEvaluable` when it cannot be."""
+    _run(eqn, env, pids, grid)
+
+
 def _run(eqn: Any, env: dict[Any, Any], pids: Sequence[np.ndarray], grid: Sequence[int]) -> None:
     name = eqn.primitive.name
     if name not in SUPPORTED:

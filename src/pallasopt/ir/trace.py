@@ -18,7 +18,8 @@ from ..errors import KernelError, short
 from ..workload import Workload, user_line
 from .body import _subjaxprs, body_stats
 from .facts import CallFacts, IndexMap, Operand, Scratch
-from .prefetch import prefetch_values
+from .loops import has_loop
+from .prefetch import operand_values
 from .steps import NotEvaluable, evaluate, slice_supported
 
 
@@ -295,11 +296,18 @@ def _operands(gm: Any, grid: tuple[int, ...]) -> tuple[Operand, ...]:
     return tuple(operands)
 
 
-def _grid_and_operands(gm: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[Operand, ...]]:
+def _grid_and_operands(
+    gm: Any, bounds: Sequence[int] | None = None
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[Operand, ...]]:
     """The grid, its run-time-sized axes, and the operands. An axis sized at run time (megablox's number of active
-    row tiles) gets the count of blocks along it, ceil(array / block), the size when no block is visited twice."""
+    row tiles, splash attention's active blocks) takes its materialized extent (`bounds`, in axis order) when known,
+    else the count of blocks along it, ceil(array / block), the size when no block is visited twice."""
     raw = tuple(gm.grid)
     dynamic = tuple(a for a, g in enumerate(raw) if not isinstance(g, int | np.integer))
+    if bounds is not None and len(bounds) == len(dynamic):
+        known = dict(zip(dynamic, bounds, strict=True))
+        grid = tuple(max(1, int(known[a])) if a in known else int(g) for a, g in enumerate(raw))
+        return grid, dynamic, _operands(gm, grid)
     grid = tuple(1 if a in dynamic else int(g) for a, g in enumerate(raw))
     operands = _operands(gm, grid)
     if not dynamic:
@@ -323,11 +331,14 @@ def call_facts(
     path: str,
     enclosing: tuple[Any, ...] = (),
     prefetch: tuple[tuple[np.ndarray, ...] | None, str] = (None, ""),
+    smem: tuple[tuple[np.ndarray | None, ...] | None, str] = (None, ""),
+    bounds: tuple[tuple[int, ...] | None, str] = (None, ""),
 ) -> CallFacts:
     """The facts of one `pallas_call` equation (`enclosing`: the equations around it, outermost first; `prefetch`:
-    the values of its scalar-prefetch operands, or None and why not)."""
+    the values of its scalar-prefetch operands, or None and why not; `smem`: the values of every operand its kernel
+    reads from SMEM, by position, for simulating loops in the body; `bounds`: the dynamic grid axes' extents)."""
     gm = eqn.params["grid_mapping"]
-    grid, dynamic, operands = _grid_and_operands(gm)
+    grid, dynamic, operands = _grid_and_operands(gm, bounds[0])
     n_prefetch = int(gm.num_index_operands)
     n_in = int(gm.num_inputs)
     scratch = tuple(
@@ -353,14 +364,14 @@ def call_facts(
         dimension_semantics=semantics,
         vmem_limit_bytes=vmem,
         compiler_params=params,
-        body=body_stats(kernel, grid, len(operands) - n_in + len(scratch), n_prefetch),
+        body=body_stats(kernel, grid, len(operands) - n_in + len(scratch), n_prefetch, smem[0]),
         span=_span((*enclosing, eqn), path),
         library_site=_library_site(eqn, path),
         input_output_aliases=aliases,
         has_cost_estimate=eqn.params.get("cost_estimate") is not None,
         kernel_jaxpr_text=str(kernel),
         prefetch=prefetch[0],
-        prefetch_note=prefetch[1],
+        prefetch_note="; ".join(n for n in (prefetch[1], smem[1], bounds[1]) if n),
     )
 
 
@@ -378,7 +389,13 @@ def trace_calls(workload: Workload, dims: Mapping[str, int] | None = None) -> tu
         )
     try:
         return tuple(
-            call_facts(c[-1], i, workload.path, c[:-1], prefetch_values(workload, dims, closed, c))
+            call_facts(
+                c[-1],
+                i,
+                workload.path,
+                c[:-1],
+                *operand_values(workload, dims, closed, c, has_loop(c[-1].params["jaxpr"])),
+            )
             for i, c in enumerate(chains)
         )
     except Exception as e:  # a JAX version whose internals moved: our bug, but say where

@@ -1,0 +1,240 @@
+"""Loops inside one grid step, run by a scalar simulation: how many times a `while` runs (a `fori_loop` with bounds
+read from SMEM, the step loop `pltpu.emit_pipeline` emits), which `pl.when` branches its iterations take, and how
+many bytes its manual DMAs (`dma_start`) move.
+
+A kernel that pipelines by hand (tokamax's megablox gmm: a pallas_call with no grid whose body runs emit_pipeline
+over (n tiles, active m tiles, k tiles)) does all its work in such a loop. Counted once, as a plain body count does,
+it shows one matmul and no traffic. Here the scalar part of the body (loop counters, block indices, reads of SMEM
+tables) is interpreted with `ir/steps.py` on the real SMEM values (materialized from `make_inputs`, `ir/prefetch.py`);
+vector work is skipped, only counted. A loop runs at most `MAX_SIMULATED` iterations; when its condition is
+`counter < bound` the remaining iterations are `bound - counter` and the simulated ones stand for them (branch
+fractions and DMA bytes scaled). Anything the interpreter cannot evaluate (a bound computed from a vector, a
+predicate on program ids) makes the profile incomplete, and the caller keeps its static counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.extend.core
+import numpy as np
+
+from .facts import dtype_bytes
+from .steps import SUPPORTED, NotEvaluable, run_equation
+
+MAX_SIMULATED = 256  # iterations simulated per loop execution; the rest extrapolated (~1 ms per iteration here)
+MAX_LOOP_EXECUTIONS = 64  # executions of loops (nested loops count each run) before the simulation gives up
+_CALLS = frozenset({"pjit", "jit", "closed_call", "core_call"})
+
+
+@dataclass(frozen=True)
+class LoopProfile:
+    """What one run of a kernel body does, per the simulation. Keys are `id()` of equations of the traced jaxpr
+    (valid in the process that traced it).
+
+    `cond_weights[c][b]`: fraction of cond c's executions that took branch b; `trips[w]`: iterations per execution
+    of while w (mean); `dma_bytes`: bytes the body's `dma_start`s move (HBM <-> VMEM), loops extrapolated;
+    `complete`: every loop bound and every cond guarding a DMA was evaluated (else `dma_bytes` is a lower bound)."""
+
+    cond_weights: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+    trips: Mapping[int, float] = field(default_factory=dict)
+    dma_bytes: float = 0.0
+    dma_starts: float = 0.0
+    iterations: float = 0.0  # loop iterations in all (extrapolated)
+    simulated: int = 0  # loop iterations actually interpreted
+    complete: bool = True
+    note: str = ""
+
+
+def dma_bytes(eqn: Any) -> int:
+    """Bytes one `dma_start` moves: the source slice's shape (a `Slice` gives its size, a scalar index 1)."""
+    src = jax.tree_util.tree_unflatten(eqn.params["tree"], eqn.invars)[0]
+    ref = getattr(src, "ref", src)
+    aval = getattr(ref, "aval", None)
+    inner = getattr(aval, "inner_aval", aval)
+    shape = list(getattr(inner, "shape", ()))
+    for t in getattr(src, "transforms", ()):
+        indices = getattr(t, "indices", None)
+        if indices is None:
+            continue
+        shape = [int(i.size) if hasattr(i, "size") and hasattr(i, "start") else 1 for i in indices]
+    return math.prod(shape) * dtype_bytes(str(getattr(inner, "dtype", "float32")))
+
+
+def _has(jaxpr: Any, names: frozenset[str]) -> bool:
+    return any(e.primitive.name in names or any(_has(j, names) for j in _subs(e)) for e in jaxpr.eqns)
+
+
+def _subs(eqn: Any) -> list[Any]:
+    out = []
+    for value in eqn.params.values():
+        for item in value if isinstance(value, tuple | list) else (value,):
+            j = getattr(item, "jaxpr", item)
+            if hasattr(j, "eqns"):
+                out.append(j)
+    return out
+
+
+def has_loop(jaxpr: Any) -> bool:
+    """Whether a `while` runs anywhere in the body (then `profile` is worth running)."""
+    return _has(jaxpr, frozenset({"while"}))
+
+
+class _Incomplete(Exception):
+    pass
+
+
+class _Sim:
+    def __init__(self) -> None:
+        self.branch_counts: dict[int, np.ndarray] = {}
+        self.trip_total: dict[int, float] = defaultdict(float)
+        self.trip_runs: dict[int, int] = defaultdict(int)
+        self.dma_bytes = 0.0
+        self.dma_starts = 0.0
+        self.iterations = 0.0
+        self.simulated = 0
+        self.loop_runs = 0
+        self.complete = True
+        self.why = ""
+
+    def incomplete(self, why: str) -> None:
+        if self.complete:
+            self.why = why
+        self.complete = False
+
+    def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        env: dict[Any, Any] = {}
+        for v, c in zip(jaxpr.constvars, consts, strict=False):
+            env[v] = c
+        for v, a in zip(jaxpr.invars, args, strict=False):
+            env[v] = a
+        for eqn in jaxpr.eqns:
+            self.step(eqn, env)
+        return [_read(env, v) for v in jaxpr.outvars]
+
+    def step(self, eqn: Any, env: dict[Any, Any]) -> None:
+        name = eqn.primitive.name
+        vals = [_read(env, v) for v in eqn.invars]
+        outs: list[Any] | None = None
+        if name == "cond":
+            outs = self.cond(eqn, vals)
+        elif name == "while":
+            outs = self.loop(eqn, vals)
+        elif name == "run_scoped":
+            inner = eqn.params["jaxpr"]
+            self.run(inner, vals, [None] * len(inner.invars))
+        elif name in _CALLS:
+            closed = eqn.params.get("jaxpr")
+            j, c = (closed.jaxpr, closed.consts) if hasattr(closed, "consts") else (closed, ())
+            outs = self.run(j, c, vals)
+        elif name == "dma_start":
+            self.dma_bytes += dma_bytes(eqn)
+            self.dma_starts += 1
+        elif name in SUPPORTED and all(getattr(o.aval, "shape", None) == () for o in eqn.outvars):
+            try:
+                run_equation(eqn, env)
+                return
+            except NotEvaluable:
+                pass
+        if outs is None:
+            outs = [None] * len(eqn.outvars)
+        for o, val in zip(eqn.outvars, outs, strict=False):
+            env[o] = val
+
+    def cond(self, eqn: Any, vals: list[Any]) -> list[Any] | None:
+        branches = eqn.params["branches"]
+        pred = vals[0]
+        if pred is None:
+            if any(_has(b.jaxpr, frozenset({"dma_start", "while"})) for b in branches):
+                self.incomplete("a pl.when guarding a DMA or a loop has a predicate the simulation cannot evaluate")
+            return None
+        b = int(np.clip(np.asarray(pred).astype(np.int64), 0, len(branches) - 1))
+        counts = self.branch_counts.setdefault(id(eqn), np.zeros(len(branches)))
+        counts[b] += 1
+        br = branches[b]
+        return self.run(br.jaxpr, br.consts, vals[1:])
+
+    def loop(self, eqn: Any, vals: list[Any]) -> list[Any] | None:
+        self.loop_runs += 1
+        if self.loop_runs > MAX_LOOP_EXECUTIONS:
+            raise _Incomplete(f"more than {MAX_LOOP_EXECUTIONS} loop executions")
+        nc, nb = int(eqn.params["cond_nconsts"]), int(eqn.params["body_nconsts"])
+        cj, bj = eqn.params["cond_jaxpr"], eqn.params["body_jaxpr"]
+        cconsts, bconsts, carry = vals[:nc], vals[nc : nc + nb], vals[nc + nb :]
+        before = (self.dma_bytes, self.dma_starts, self.iterations)
+        done = 0
+        while True:
+            (go,) = self.run(cj.jaxpr, cj.consts, [*cconsts, *carry])
+            if go is None:
+                self.incomplete("a loop bound the simulation cannot evaluate")
+                return None
+            if not bool(go):
+                total = float(done)
+                break
+            if done == MAX_SIMULATED:
+                left = _remaining(cj.jaxpr, carry)
+                if left is None:
+                    self.incomplete(f"a loop longer than {MAX_SIMULATED} iterations whose bound is not counter < n")
+                    return None
+                total = float(done + left)
+                break
+            carry = self.run(bj.jaxpr, bj.consts, [*bconsts, *carry])
+            done += 1
+        self.simulated += done
+        if done and total > done:  # the simulated iterations stand for all of them
+            f = total / done
+            self.dma_bytes = before[0] + (self.dma_bytes - before[0]) * f
+            self.dma_starts = before[1] + (self.dma_starts - before[1]) * f
+            self.iterations = before[2] + (self.iterations - before[2]) * f
+        self.trip_total[id(eqn)] += total
+        self.trip_runs[id(eqn)] += 1
+        self.iterations += total
+        return None if done < total else carry
+
+    def profile(self) -> LoopProfile:
+        weights = {k: tuple(float(x) for x in c / c.sum()) for k, c in self.branch_counts.items() if c.sum() > 0}
+        trips = {k: self.trip_total[k] / self.trip_runs[k] for k in self.trip_total}
+        return LoopProfile(
+            cond_weights=weights,
+            trips=trips,
+            dma_bytes=self.dma_bytes,
+            dma_starts=self.dma_starts,
+            iterations=self.iterations,
+            simulated=self.simulated,
+            complete=self.complete,
+            note=self.why,
+        )
+
+
+def _remaining(cond: Any, carry: Sequence[Any]) -> int | None:
+    """Iterations left when the loop condition is one `lt a b` of two carried scalars (a fori_loop's counter)."""
+    if len(cond.eqns) != 1 or cond.eqns[0].primitive.name != "lt" or cond.outvars[0] is not cond.eqns[0].outvars[0]:
+        return None
+    a, b = cond.eqns[0].invars
+    pos = {v: i for i, v in enumerate(cond.invars)}
+    if a not in pos or b not in pos or carry[pos[a]] is None or carry[pos[b]] is None:
+        return None
+    return max(0, int(carry[pos[b]]) - int(carry[pos[a]]))
+
+
+def _read(env: Mapping[Any, Any], v: Any) -> Any:
+    if isinstance(v, jax.extend.core.Literal):
+        return np.asarray(v.val)
+    return env.get(v)
+
+
+def profile(kernel_jaxpr: Any, refs: Sequence[np.ndarray | None]) -> LoopProfile:
+    """Simulate one run of the kernel body with `refs[i]` the value of kernel ref i when it is a small SMEM table
+    (None otherwise). Trip counts of loops past `MAX_SIMULATED` iterations are extrapolated (see the module doc)."""
+    sim = _Sim()
+    args = list(refs) + [None] * (len(kernel_jaxpr.invars) - len(refs))
+    try:
+        sim.run(kernel_jaxpr, (), args)
+    except _Incomplete as e:
+        sim.incomplete(str(e))
+    return sim.profile()
