@@ -97,6 +97,9 @@ def _flatten(jaxpr: Any, env: dict[Any, Any] | None = None) -> list[_Eqn]:
         if name in INLINED:
             inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
             inner = getattr(inner, "jaxpr", inner)
+            if inner is None or not hasattr(inner, "eqns"):
+                out.append(_Eqn(name, tuple(sub(v) for v in eqn.invars), tuple(eqn.outvars), dict(eqn.params)))
+                continue
             inner_env = {iv: sub(ov) for iv, ov in zip(inner.invars, eqn.invars, strict=False)}
             out.extend(_flatten(inner, inner_env))
             for o_outer, o_inner in zip(eqn.outvars, inner.outvars, strict=False):
