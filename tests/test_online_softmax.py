@@ -191,3 +191,30 @@ def test_the_chunk_is_a_tile_knob() -> None:
     assert knobs["SOFTMAX_CHUNK"] == ((1,), 1024) and knobs["ROWS"] == ((0,), 16)
     bigger = apply(new, "tile{call=0,ROWS=128,SOFTMAX_CHUNK=4096}")
     assert bigger.calls[0].grid == (8, 64) and bigger.calls[0].inputs[0].block_shape == (128, 4096)
+
+
+def test_cross_entropy_before_after() -> None:
+    """lse minus the label's logit, picked with an iota compare over the row: the chunk's iota gets its offset."""
+    ir = KernelIR.from_file(TEST_KERNELS / "whole_row_cross_entropy.py")
+    form = _form(ir, ir.calls[0])
+    assert (form.kind, form.chunked, form.label_input) == ("cross-entropy", ((0, 1),), 1)
+    new = apply(ir, "online-softmax{chunk=256}")
+    got = added(ir.source, new.source)
+    for line in (
+        "_cols = chunk_id * SOFTMAX_CHUNK + jax.lax.broadcasted_iota(jnp.int32, s_chunk.shape, 1)",
+        "picked_scratch[...] += jnp.sum(",
+        "jnp.where(_cols == lab_ref[...].reshape(s_chunk.shape[0], 1), s_chunk, 0.0),",
+    ):
+        assert line in got, line
+    assert any("- picked_scratch[...]).reshape(o_ref.shape)" in g for g in got), got
+    call = new.calls[0]
+    assert call.grid == (64, 128) and [o.block_shape for o in call.inputs] == [(8, 256), (8, 1)]
+
+
+@pytest.mark.slow
+def test_cross_entropy_rewrite_matches_the_reference() -> None:
+    """8 chunks per row at CHECK_DIMS (V=1024); a wrong chunk offset on the iota fails this check (tried by hand)."""
+    path = TEST_KERNELS / "whole_row_cross_entropy.py"
+    ir = KernelIR.from_file(path)
+    (r,) = check_many([apply(ir, "online-softmax{chunk=128}").source], str(path))
+    assert r.ok, r.message

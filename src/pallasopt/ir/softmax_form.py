@@ -1,5 +1,5 @@
-"""Recognize a whole-row softmax reduction in a kernel body's jaxpr: a logsumexp (`m + log(sum(exp(s - m)))`) or an
-attention (`dot(exp(s - m), V) / sum(exp(s - m))`, the division before or after the dot), over the last axis of
+"""Recognize a whole-row softmax reduction in a kernel body's jaxpr: a logsumexp (`m + log(sum(exp(s - m)))`), a
+cross entropy (that minus `sum(where(iota == label, s, 0))`) or an attention (`dot(exp(s - m), V) / sum(exp(s - m))`, the division before or after the dot), over the last axis of
 2-D scores `s`. Also finds which input refs the scores (and V) read along that axis, and checks that nothing else
 in the body depends on the whole row, so the row can be split into chunks with a running max and sum.
 
@@ -9,6 +9,7 @@ reason (via `errors.check`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +66,7 @@ class SoftmaxForm:
     along the row; `value_input`: V's input position (attention form) and `dot_dtypes` the dtypes the P @ V dot
     multiplies in; `rows`/`row_len`: the scores' shape."""
 
-    kind: str  # "logsumexp" | "attention"
+    kind: str  # "logsumexp" | "cross-entropy" | "attention"
     output: int
     chunked: tuple[tuple[int, int], ...]
     rows: int
@@ -74,6 +75,7 @@ class SoftmaxForm:
     dot_dtypes: tuple[str, str] = ("float32", "float32")
     head_dim: int = 0
     value_lead: int = 0  # leading size-1 dims of V's ref the kernel indexes away (`v_ref[0]`)
+    label_input: int | None = None  # cross-entropy: the input holding each row's target index
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,11 @@ def match_softmax(kernel_jaxpr: Any, n_inputs: int, n_outputs: int) -> SoftmaxFo
     value = store.invars[1]
     top = body.strip(value)
     _mark(body, value, used)
-    kind, v_var, v_dim, dot = _match_output(body, top, scores, mx, used)
+    kind, v_var, v_dim, dot, label_ref = _match_output(body, top, scores, mx, used)
+    label_input = None
+    if label_ref is not None:
+        check(label_ref in refs[:n_inputs], "the label is not read from an input ref")
+        label_input = refs.index(label_ref)
     chunked: dict[int, int] = {}
     cone: set[int] = set()
     _trace_row(body, scores, 1, refs, n_inputs, chunked, cone)
@@ -206,6 +212,7 @@ def match_softmax(kernel_jaxpr: Any, n_inputs: int, n_outputs: int) -> SoftmaxFo
         dot_dtypes=dtypes,
         head_dim=head,
         value_lead=value_lead,
+        label_input=label_input,
     )
 
 
@@ -244,21 +251,70 @@ def _sum_of(body: _Body, v: Any, scores: Any, mx: Any, used: set[int]) -> Any | 
     return e.invars[0]
 
 
+def _lse(body: _Body, top: _Eqn, scores: Any, mx: Any, used: set[int]) -> bool:
+    """`top` is max + log(sum(exp(s - max))) (either order)."""
+    if top.prim != "add":
+        return False
+    a, b = top.invars[:2]
+    for m_side, l_side in ((a, b), (b, a)):
+        lg = body.strip(l_side)
+        is_log = body.base(m_side) is mx and _is(lg, "log") and lg is not None
+        if is_log and lg is not None and _sum_of(body, lg.invars[0], scores, mx, used) is not None:
+            for x in (m_side, l_side):
+                _mark(body, x, used)
+            _mark(body, lg.invars[0], used)
+            used.add(id(top))
+            return True
+    return False
+
+
+def _picked(body: _Body, v: Any, scores: Any, used: set[int]) -> Any | None:
+    """The label ref when `v` is sum(where(iota(axis 1) == label, s, 0), axis=1) with `label` read whole from a ref
+    of one element per row; else None."""
+    red = body.strip(v)
+    if not (_is(red, "reduce_sum") and red is not None and tuple(red.params["axes"]) == (1,)):
+        return None
+    sel = body.strip(red.invars[0])
+    if not (_is(sel, "select_n") and sel is not None and len(sel.invars) == 3):
+        return None
+    pred, false, true = sel.invars
+    fill = body.base(false)
+    zero = isinstance(fill, jax.extend.core.Literal) and float(fill.val) == 0.0
+    if not (zero and body.base(true) is scores):
+        return None
+    eq = body.strip(pred)
+    if not (_is(eq, "eq") and eq is not None):
+        return None
+    for col, lab in (eq.invars[:2], eq.invars[1::-1]):
+        iota, read = body.strip(col), body.strip(lab)
+        if not (_is(iota, "iota") and iota is not None and _is(read, "get") and read is not None):
+            continue
+        if int(iota.params["dimension"]) != 1 or tuple(iota.params["shape"]) != _shape(scores):
+            continue
+        if math.prod(_shape(read.outvars[0])) != _shape(scores)[0]:
+            continue
+        for x in (v, red.invars[0], pred, false, col, lab):
+            _mark(body, x, used)
+        used.update({id(red), id(sel), id(eq), id(iota), id(read)})
+        return read.invars[0]
+    return None
+
+
 def _match_output(body: _Body, top: _Eqn | None, scores: Any, mx: Any, used: set[int]) -> tuple[Any, ...]:
     """(kind, V var, V's key dim, the P @ V dot) of the stored value; declines when it is neither form."""
     check(top is not None, "the stored value is not computed in the kernel")
     assert top is not None
     used.add(id(top))
-    if top.prim == "add":  # logsumexp: max + log(sum(exp(s - max)))
+    if _lse(body, top, scores, mx, used):
+        return ("logsumexp", None, 0, None, None)
+    if top.prim == "sub":  # cross entropy: lse - sum(where(cols == label, s, 0))
         a, b = top.invars[:2]
-        for m_side, l_side in ((a, b), (b, a)):
-            lg = body.strip(l_side)
-            is_log = body.base(m_side) is mx and _is(lg, "log") and lg is not None
-            if is_log and lg is not None and _sum_of(body, lg.invars[0], scores, mx, used) is not None:
-                for x in (m_side, l_side):
-                    _mark(body, x, used)
-                _mark(body, lg.invars[0], used)
-                return ("logsumexp", None, 0, None)
+        lse = body.strip(a)
+        if lse is not None and _lse(body, lse, scores, mx, used):
+            _mark(body, a, used)
+            label = _picked(body, b, scores, used)
+            check(label is not None, "lse minus a value that is not the label's logit sum(where(cols == label, s, 0))")
+            return ("cross-entropy", None, 0, None, label)
     if top.prim == "div":  # attention: dot(exp(s - m), V) / sum(exp(s - m))
         num, den = top.invars[:2]
         dot = body.strip(num)
@@ -266,7 +322,7 @@ def _match_output(body: _Body, top: _Eqn | None, scores: Any, mx: Any, used: set
             _mark(body, num, used)
             _mark(body, den, used)
             v_var, v_dim = _pv_dot(body, dot, lambda p: _exp_of_shift(body, p, scores, mx, used))
-            return ("attention", v_var, v_dim, dot)
+            return ("attention", v_var, v_dim, dot, None)
     if top.prim == "dot_general":  # attention: dot(exp(s - m) / sum(...), V)
 
         def normalized(p: Any) -> bool:
@@ -281,7 +337,7 @@ def _match_output(body: _Body, top: _Eqn | None, scores: Any, mx: Any, used: set
             return ok
 
         v_var, v_dim = _pv_dot(body, top, normalized)
-        return ("attention", v_var, v_dim, top)
+        return ("attention", v_var, v_dim, top, None)
     whole_row = top.prim == "div" and _exp_of_shift(body, top.invars[0], scores, mx, set())
     check(
         not whole_row,

@@ -24,6 +24,7 @@ from ..ir.matchers import (
     kernel_function,
     kernel_refs,
     keyword,
+    module_alias,
     pallas_call_nodes,
     pl_alias,
     resolve,
@@ -70,15 +71,16 @@ def _form(ir: KernelIR, facts: CallFacts, dims: dict[str, int] | None = None) ->
 @dataclass(frozen=True)
 class OnlineSoftmaxPass(Pass):
     """Split a whole-row softmax reduction into chunks along the row: the kernel's block holds a whole row (the
-    array's full last dim, or a whole key range) to take a logsumexp (`m + log(sum(exp(s - m)))`) or an attention
-    (`softmax(s) @ V`) over it; the rewrite adds an innermost "arbitrary" grid axis over `chunk`-sized pieces of the
+    array's full last dim, or a whole key range) to take a logsumexp (`m + log(sum(exp(s - m)))`), a cross entropy
+    (that minus the label's logit, picked with an iota compare: the chunk's iota gets the chunk's offset) or an
+    attention (`softmax(s) @ V`) over it; the rewrite adds an innermost "arbitrary" grid axis over `chunk`-sized pieces of the
     row, keeps the running max and sum (and the rescaled P @ V accumulator) in f32 VMEM scratch, initializes them
     on the first chunk and writes the result on the last (the flash-attention rewrite, done by rule).
 
     Helps rows too long for VMEM (a 256k vocabulary) and lets the pipeline overlap the row's fetch with compute;
     the chunk becomes a module constant the tile pass can retune. The pattern is read from the body's jaxpr: one
     row max over the last axis of 2-D scores, the scores built from input blocks by elementwise ops, casts,
-    transposes and dots only (no iota, no other reduction along the row), a single store of the result. Declines
+    transposes and dots only (no iota in the scores, no other reduction along the row), a single store. Declines
     otherwise, with the reason. Parameters: `call`, `chunk` (row elements per grid step, a multiple of 128 that
     divides the row).
     """
@@ -146,7 +148,12 @@ class OnlineSoftmaxPass(Pass):
         pl = pl_alias(module)
         out_spec = spec_nodes(loc, node)[len(facts.inputs) + form.output]
         scratch = _scratch_texts(out_spec, facts.outputs[form.output], form)
-        edits[kernel] = _rewrite_kernel(kernel, refs, facts, form, len(facts.grid), len(scratch), pl, jnp)
+        lax = module_alias(module, "jax.lax")
+        check(
+            lax is not None or form.kind != "cross-entropy", "the module does not import jax (the label pick needs lax)"
+        )
+        names = (pl, jnp, lax or "jax.lax", const)
+        edits[kernel] = _rewrite_kernel(kernel, refs, facts, form, len(facts.grid), len(scratch), names)
         which = [id(c) for c in pallas_call_nodes(loc)].index(id(node))
         # the scratch edit replaces the pallas_call (or its GridSpec) node: a second traversal, after the others
         loc2 = Located.of(replace_many(loc.wrapper.module, edits))
@@ -280,6 +287,8 @@ def _scratch_texts(spec: cst.BaseExpression | None, out: Operand, form: SoftmaxF
     check(bool(kept) and kept[0][1] == form.rows, "the output block does not start with the scores' rows")
     rows = kept[0][0]
     texts = [f"({rows}, 1)", f"({rows}, 1)"]
+    if form.kind == "cross-entropy":
+        texts.append(f"({rows}, 1)")
     if form.kind == "attention":
         check(
             [b for _, b in kept] == [form.rows, form.head_dim],
@@ -316,9 +325,9 @@ def _rewrite_kernel(
     form: SoftmaxForm,
     axis: int,
     n_scratch: int,
-    pl: str,
-    jnp: str,
+    aliases: tuple[str, str, str, str],
 ) -> cst.FunctionDef:
+    pl, jnp, lax, const = aliases
     check(isinstance(kernel.body, cst.IndentedBlock), "the kernel is a one-line def")
     assert isinstance(kernel.body, cst.IndentedBlock)
     k, scores = _scores_expr(kernel, jnp)
@@ -334,7 +343,19 @@ def _rewrite_kernel(
     used = used_names(kernel)
     n = {
         w: fresh_name(used, w)
-        for w in ("s_chunk", "chunk_id", "m_prev", "m_new", "alpha", "p", "m_scratch", "l_scratch", "acc_scratch")
+        for w in (
+            "s_chunk",
+            "chunk_id",
+            "m_prev",
+            "m_new",
+            "alpha",
+            "p",
+            "cols",
+            "m_scratch",
+            "l_scratch",
+            "acc_scratch",
+            "picked_scratch",
+        )
     }
     init_fn, fin_fn = fresh_name(used, "_init_row_state"), fresh_name(used, "_finalize_row")
     out = refs[len(facts.inputs) + form.output]
@@ -353,6 +374,17 @@ def _rewrite_kernel(
         result = f"{n['acc_scratch']}[...] / {n['l_scratch']}[...]"
     else:
         result = f"{n['m_scratch']}[...] + {jnp}.log({n['l_scratch']}[...])"
+    if form.kind == "cross-entropy":
+        assert form.label_input is not None
+        pk, lab = n["picked_scratch"], refs[form.label_input]
+        acc_init = f"    {pk}[...] = {jnp}.zeros_like({pk})\n"
+        acc_step = (
+            f"{n['cols']} = {n['chunk_id']} * {const} + {lax}.broadcasted_iota({jnp}.int32, {n['s_chunk']}.shape, 1)\n"
+            f"{pk}[...] += {jnp}.sum(\n"
+            f"    {jnp}.where({n['cols']} == {lab}[...].reshape({n['s_chunk']}.shape[0], 1), {n['s_chunk']}, 0.0),\n"
+            f"    axis=1,\n    keepdims=True,\n)\n"
+        )
+        result = f"{result} - {pk}[...]"
     text = (
         f"{n['s_chunk']} = {_atom(scores)}.astype({jnp}.float32)\n"
         f"{n['chunk_id']} = {pl}.program_id({axis})\n"
@@ -376,7 +408,8 @@ def _rewrite_kernel(
         st.with_changes(leading_lines=[cst.EmptyLine(indent=False) for _ in st.leading_lines])
         for st in cst.parse_module(text).body
     ]
-    names = [n["m_scratch"], n["l_scratch"], n["acc_scratch"]][:n_scratch]
+    third = n["picked_scratch"] if form.kind == "cross-entropy" else n["acc_scratch"]
+    names = [n["m_scratch"], n["l_scratch"], third][:n_scratch]
     params = list(kernel.params.params)
     last = params[-1]
     params[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
