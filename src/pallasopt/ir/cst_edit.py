@@ -20,6 +20,7 @@ from .matchers import (
     find_call_node,
     free_names,
     fresh_name,
+    grid_spec_keyword,
     keyword,
     pltpu_alias,
     resolve_local,
@@ -215,3 +216,32 @@ def list_like(like: cst.BaseExpression | None, items: Sequence[cst.BaseExpressio
         rbracket = like.rbracket if isinstance(like, cst.List) else cst.RightSquareBracket()
         return cst.List(elems, lbracket=lbracket, rbracket=rbracket)
     return cst.List([cst.Element(v) for v in items])
+
+
+def add_scratch(
+    loc: Located, call: cst.Call, scratch: Sequence[cst.BaseExpression], edits: dict[cst.CSTNode, cst.CSTNode]
+) -> None:
+    """Append the `scratch` shapes to the call's `scratch_shapes` (adding the keyword when absent), as an entry of `edits`.
+    The edit replaces the holding call or list: make no other edit inside that node in the same `replace_many`."""
+    holder, arg = grid_spec_keyword(loc, call, "scratch_shapes")
+    check(
+        holder is not call or keyword(call, "grid_spec") is None,
+        "the grid spec is not a GridSpec(...) call pallasopt can edit",
+    )
+    if arg is None:
+        sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        items = [cst.Element(s, comma=sep) for s in scratch[:-1]] + [cst.Element(scratch[-1])]
+        edits[holder] = set_keyword(holder, "scratch_shapes", cst.List(items))
+        return
+    value = arg.value
+    check(isinstance(value, cst.List | cst.Tuple), "scratch_shapes is not a literal list")
+    assert isinstance(value, cst.List | cst.Tuple)
+    elems = list(value.elements)
+    if elems and elems[-1].comma is cst.MaybeSentinel.DEFAULT:
+        elems[-1] = elems[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    for k, s in enumerate(scratch):
+        comma = (
+            cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if k < len(scratch) - 1 else cst.MaybeSentinel.DEFAULT
+        )
+        elems.append(cst.Element(s, comma=comma))
+    edits[value] = value.with_changes(elements=elems)

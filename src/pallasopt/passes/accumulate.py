@@ -10,14 +10,13 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import PassNotApplicable, check
-from ..ir.cst_edit import ensure_pltpu, replace_many, set_keyword
+from ..ir.cst_edit import add_scratch, ensure_pltpu, replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     Located,
     find_call_node,
     fresh_name,
-    grid_spec_keyword,
     jnp_alias,
     kernel_function,
     keyword,
@@ -104,7 +103,7 @@ class AccumulateInScratchPass(Pass):
         new_kernel = _rewrite_kernel(kernel, out_param, acc, axis, pl)
         edits[kernel] = new_kernel
         scratch = cst.parse_expression(f"{pltpu}.VMEM({shape}, {jnp}.float32)")
-        _add_scratch(loc, node, scratch, edits)
+        add_scratch(loc, node, [scratch], edits)
         new = replace_many(loc.wrapper.module, edits)
         return ir.with_module(new, self.spec())
 
@@ -175,24 +174,3 @@ def _rewrite_kernel(kernel: cst.FunctionDef, out: str, acc: str, axis: int, pl: 
         params=kernel.params.with_changes(params=params),
         body=body.with_changes(body=[*body.body, store]),
     )
-
-
-def _add_scratch(
-    loc: Located, call: cst.Call, scratch: cst.BaseExpression, edits: dict[cst.CSTNode, cst.CSTNode]
-) -> None:
-    holder, arg = grid_spec_keyword(loc, call, "scratch_shapes")
-    check(
-        holder is not call or keyword(call, "grid_spec") is None,
-        "the grid spec is not a GridSpec(...) call pallasopt can edit",
-    )
-    if arg is None:
-        edits[holder] = set_keyword(holder, "scratch_shapes", cst.List([cst.Element(scratch)]))
-        return
-    value = arg.value
-    check(isinstance(value, cst.List | cst.Tuple), "scratch_shapes is not a literal list")
-    assert isinstance(value, cst.List | cst.Tuple)
-    elems = list(value.elements)
-    if elems and elems[-1].comma is cst.MaybeSentinel.DEFAULT:
-        elems[-1] = elems[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    elems.append(cst.Element(scratch))
-    edits[value] = value.with_changes(elements=elems)

@@ -15,6 +15,7 @@ from .fuse import FusePass
 from .grid_order import GridOrderPass
 from .layout import LayoutPass
 from .llm_rewrite import LLMRewritePass
+from .online_softmax import OnlineSoftmaxPass
 from .single_buffer import SingleBufferPass
 from .skip_masked_blocks import SkipMaskedBlocksPass
 from .tile import TilePass
@@ -29,6 +30,7 @@ PASSES: tuple[type[Pass], ...] = (
     AccumulateInScratchPass,
     DmaOverlapPass,
     SkipMaskedBlocksPass,
+    OnlineSoftmaxPass,
     FusePass,
     LayoutPass,
     CostEstimatePass,
