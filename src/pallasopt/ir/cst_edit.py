@@ -12,20 +12,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..errors import check
+from .builders import fresh_name, tuple_expr
 from .facts import CallFacts
-from .matchers import (
-    Located,
-    Pos,
-    code,
-    find_call_node,
-    free_names,
-    fresh_name,
-    keyword,
-    pltpu_alias,
-    resolve_local,
-    tuple_expr,
-    used_names,
-)
+from .matchers import Located, Pos, code, find_call_node, free_names, keyword, pltpu_alias, resolve_local, used_names
 
 
 def replace_node(module: cst.Module, old: cst.CSTNode, new: cst.CSTNode) -> cst.Module:

@@ -11,17 +11,16 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
+from ..ir.builders import affine_results, index_map_expr
 from ..ir.cst_edit import replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     Located,
-    affine_results,
     blockspec_parts,
     call_site,
     code,
     find_call_node,
-    index_map_expr,
     is_blockspec,
     kernel_function,
     kernel_refs,
