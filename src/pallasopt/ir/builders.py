@@ -104,3 +104,15 @@ def affine_results(rows: Sequence[Sequence[int]], grid_names: Sequence[str], axi
             terms.append(str(row[-1]))
         out.append(" + ".join(terms))
     return out
+
+
+def substitute(node: N, mapping: Mapping[cst.CSTNode, cst.CSTNode]) -> N:
+    """`node` with the nodes in `mapping` (by identity, as found inside `node`) replaced, in one traversal."""
+
+    class Replacer(cst.CSTTransformer):
+        def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:  # type: ignore[override]
+            return mapping.get(original, updated)
+
+    out = node.visit(Replacer())
+    assert isinstance(out, cst.CSTNode)
+    return out  # type: ignore[return-value]

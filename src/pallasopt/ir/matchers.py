@@ -402,3 +402,14 @@ def bound_names(node: cst.CSTNode) -> set[str]:
         assert isinstance(fn, cst.FunctionDef)
         out.add(fn.name.value)
     return out
+
+
+def descendants(node: cst.CSTNode) -> set[cst.CSTNode]:
+    """Every node below `node` (by identity)."""
+    out: set[cst.CSTNode] = set()
+    stack = list(node.children)
+    while stack:
+        n = stack.pop()
+        out.add(n)
+        stack.extend(n.children)
+    return out
