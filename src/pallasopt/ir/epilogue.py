@@ -127,7 +127,9 @@ def lift(loc: Located, node: cst.BaseExpression, fns: frozenset[str]) -> cst.Bas
         name = code(call.func)
         if parent.keyword is None and not parent.star and name in fns:
             return call
-        return f"it is passed to {name}, which is not an elementwise function this pass knows"
+        if isinstance(call.func, cst.Call):
+            return "it is passed to another pallas_call (the fuse pass's case)"
+        return f"it is passed to {name.splitlines()[0]}, which is not an elementwise function this pass knows"
     if isinstance(parent, cst.Attribute) and parent.value is node:
         call = loc.parent(parent)
         if parent.attr.value == "astype" and isinstance(call, cst.Call) and call.func is parent:
@@ -135,7 +137,11 @@ def lift(loc: Located, node: cst.BaseExpression, fns: frozenset[str]) -> cst.Bas
         return f"the wrapper reads its .{parent.attr.value}"
     if isinstance(parent, cst.Subscript):
         return "the wrapper indexes it"
-    return f"it is used as a whole ({type(parent).__name__})"
+    if isinstance(parent, cst.Return):
+        return "the wrapper returns it as it is"
+    if isinstance(parent, cst.Assign):
+        return "it is assigned as it is"
+    return f"the wrapper uses it as a whole (in a {type(parent).__name__})"
 
 
 def _statement(loc: Located, node: cst.CSTNode) -> cst.CSTNode | None:
