@@ -156,9 +156,9 @@ def _fusions(jaxpr: Any) -> tuple[int, int]:
         inside = {id(v) for e in members for v in e.outvars}
         ins = {id(v): v for e in members for v in e.invars if hasattr(v, "aval") and id(v) not in inside}
         ins = {k: v for k, v in ins.items() if type(v).__name__ != "Literal"}
-        outs = [v for e in members for v in e.outvars if id(v) in read_outside]
+        outs = [v for e in members for v in e.outvars if id(v) in read_outside and bool(getattr(v.aval, "shape", None))]
         nbytes = sum(_nbytes(v.aval) for v in ins.values()) + sum(_nbytes(v.aval) for v in outs)
-        if outs:
+        if outs:  # a fusion of scalars only is folded into its user
             total += nbytes
             roots.add(g)
     return total, len(roots)
