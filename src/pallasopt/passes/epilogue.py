@@ -23,6 +23,7 @@ from ..ir.matchers import (
     code,
     descendants,
     find_call_node,
+    free_names,
     grid_spec_keyword,
     jnp_alias,
     keyword,
@@ -102,8 +103,10 @@ def _reduction_axes(facts: CallFacts) -> tuple[int, ...]:
     affine = facts.outputs[0].index_map.affine
     assert affine is not None
     n = len(facts.grid)
-    red = tuple(a for a in range(n) if all(row[a] == 0 for row in affine))
-    check(red == tuple(range(n - len(red), n)), f"the output block is revisited across grid axes {red}, not innermost")
+    # An axis of extent 1 at the traced dims fits any coefficient: it is no evidence of accumulation.
+    red = tuple(a for a in range(n) if facts.grid[a] > 1 and all(row[a] == 0 for row in affine))
+    inner = tuple(a for a in range(n) if a >= min(red, default=n) and facts.grid[a] > 1)
+    check(red == inner, f"the output block is revisited across grid axes {red}, not innermost")
     return red
 
 
@@ -112,11 +115,16 @@ def _spec_for(
 ) -> cst.BaseExpression:
     """The operand's BlockSpec: the output's block and index in each dim it shares, block 1 at index 0 where it is
     broadcast (size 1)."""
-    block, _ = blockspec_parts(out_spec)
+    block, imap = blockspec_parts(out_spec)
     check(isinstance(block, cst.Tuple | cst.List), "the output's block shape is not written as a tuple")
     assert isinstance(block, cst.Tuple | cst.List) and out.index_map.affine is not None
     dims = [code(e.value) for e in block.elements]
-    results = affine_results(out.index_map.affine, grid_names, {a: a for a in range(len(grid_names))})
+    body = imap.body if isinstance(imap, cst.Lambda) else None
+    written = len(imap.params.params) == len(grid_names) if isinstance(imap, cst.Lambda) else False
+    if written and isinstance(body, cst.Tuple) and len(body.elements) == len(shape):
+        results = [code(e.value) for e in body.elements]  # the output's map as written: dims-generic
+    else:  # from the traced affine fit
+        results = affine_results(out.index_map.affine, grid_names, {a: a for a in range(len(grid_names))})
     blocks, idx = [], []
     for d, (size, full) in enumerate(zip(shape, out.shape, strict=True)):
         if size == full:
@@ -185,6 +193,11 @@ def _rewrite(ir: KernelIR, facts: CallFacts, plan: Epilogue, shapes: list[tuple[
     check(kexpr is not None, "cannot find the pallas_call's kernel argument")
     assert kexpr is not None
     red = _reduction_axes(facts)
+    out_map = blockspec_parts(spec_list(loc, node, "out_specs")[0])[1]
+    if isinstance(out_map, cst.Lambda) and len(out_map.params.params) == len(facts.grid):
+        read = free_names(out_map.body)  # as written: an axis of extent 1 at the traced dims is told apart
+        red = tuple(a for a, p in enumerate(out_map.params.params) if p.name.value not in read)
+        check(red == tuple(range(len(facts.grid) - len(red), len(facts.grid))), f"grid axes {red} are not innermost")
     reads = ", ".join([f"{refs}[-1][...]", *(f"{refs}[{n_in + i}][...]" for i in range(n_e))])
     store = f"{refs}[{n_in + n_e}][...] = {names['_epilogue']}({reads})"
     body = [f"    {code(kexpr)}(*{refs}[:{n_in}], {refs}[-1], *{refs}[{n_in + n_e + 1}:-1])\n"]
