@@ -37,7 +37,9 @@ def test_pre_transposes_the_weight(ir: KernelIR) -> None:
     assert ")(x, w.T, b.reshape(1, N))" in src
 
 
-@pytest.mark.parametrize(("operand", "why"), [(0, "other than as x_ref"), (2, "not a 2-D blocked input|other than")])
+@pytest.mark.parametrize(
+    ("operand", "why"), [(0, "uses x_ref other than as a transposed read"), (2, "not a blocked input|other than")]
+)
 def test_declines_plain_reads(ir: KernelIR, operand: int, why: str) -> None:
     with pytest.raises(PassNotApplicable, match=why):
         LayoutPass(call=0, operand=operand).apply(ir)
@@ -54,14 +56,16 @@ def test_the_model_charges_the_wrapper_transpose(ir: KernelIR) -> None:
     assert before.data["wrapper_s"] == 0
 
 
-def test_wrapper_cost_counts_moves_only() -> None:
+def test_wrapper_cost_counts_moves_and_elementwise_fusions() -> None:
     def f(x):
         y = jnp.pad(x, ((0, 0), (0, 64))).reshape(32, 48)  # pad copies; this reshape moves the minor dim
-        return jnp.exp(y.reshape(16, 2, 48))  # keeps the minor dim: free; exp is math, not counted here
+        z = jnp.exp(y.reshape(16, 2, 48))  # keeps the minor dim: free
+        return z * 2.0 + 1.0  # exp, mul, add: one fusion that reads the reshape and writes its result once
 
     cost = wrapper_cost_of_jaxpr(jax.make_jaxpr(f)(jnp.ones((16, 32), jnp.float32)).jaxpr)
-    assert cost.ops == ("pad", "reshape")
-    assert cost.bytes == (16 * 32 * 4 + 4 + 16 * 96 * 4) + 2 * 16 * 96 * 4  # pad reads x and its scalar
+    assert cost.ops == ("elementwise-fusion", "pad", "reshape")
+    moves = (16 * 32 * 4 + 4 + 16 * 96 * 4) + 2 * 16 * 96 * 4  # pad reads x and its scalar
+    assert cost.bytes == moves + 2 * 16 * 96 * 4
 
 
 @pytest.mark.slow
@@ -69,3 +73,22 @@ def test_every_choice_matches_the_reference(ir: KernelIR) -> None:
     sources = [c.apply(ir).source for c in LayoutPass.choices(ir, V5E)]
     results = check_many(sources, str(PATH))
     assert sources and all(r.ok for r in results), [r.message for r in results]
+
+
+NT_PATH = Path(__file__).parent / "kernels" / "layout" / "nt_scores.py"
+
+
+def test_nt_dot_general_and_a_local_transpose_read_the_pre_transposed_block() -> None:
+    ir = KernelIR.from_file(NT_PATH)
+    assert LayoutPass.choices(ir, V5E) == (LayoutPass(call=0, operand=1),)  # q is read plainly
+    new = LayoutPass(call=0, operand=1).apply(ir)
+    k = new.calls[0].inputs[1]
+    assert (k.shape, k.block_shape) == ((1, 2, 128, 256), (None, None, 128, 128))
+    src = new.source
+    assert "jax.lax.dot_general(q, k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)" in src
+    assert "jnp.dot(q, k, preferred_element_type=jnp.float32)" in src
+    assert "pl.BlockSpec((None, None, D, BLOCK), lambda b, h, i, j: (b, h, 0, j))," in src
+    assert ")(q, k.swapaxes(-1, -2))" in src
+    assert "NT = (((1,), (1,)), ((), ()))" in src  # the shared constant stays for other users
+    checked = check_many([new.source], str(NT_PATH), seeds=(0,))
+    assert checked[0].ok, checked[0].message

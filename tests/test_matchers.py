@@ -5,21 +5,19 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
+from pallasopt.ir.builders import index_map_expr, rename_names, tuple_expr
 from pallasopt.ir.matchers import (
     Located,
     blockspec_parts,
     call_site,
     code,
-    index_map_expr,
     jnp_alias,
     kernel_function,
     kernel_refs,
     pallas_call_nodes,
     pl_alias,
     pltpu_alias,
-    rename_names,
     spec_list,
-    tuple_expr,
 )
 
 

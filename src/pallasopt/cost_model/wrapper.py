@@ -1,5 +1,7 @@
 """What the plain-XLA ops of a kernel module's wrapper cost: the HBM traffic of the data-movement ops around its
-pallas_calls (a transpose, a pad or a layout-changing reshape that a layout rewrite adds, or that was already there).
+pallas_calls (a transpose, a pad or a layout-changing reshape that a layout rewrite adds, or that was already there)
+and of its elementwise work (a bias add or activation after a call: one XLA fusion that reads its inputs and writes
+its results once).
 
 The pallas_call roofline (roofline.py) sees only the calls; a rewrite that moves work into the wrapper (pre-
 transposing an operand once instead of in every grid step) must pay for it here, or the search would see a free
@@ -18,8 +20,65 @@ from ..ir.kernel_ir import KernelIR
 from .hardware import Chip
 
 # Ops that copy their operand through HBM. A reshape is a copy on TPU only when it changes the minor dim (the tiled
-# layout moves); elementwise ops are not counted here (they are the wrapper's own math, charged nowhere today).
+# layout moves).
 MOVES = frozenset({"transpose", "pad", "concatenate", "rev", "copy", "copy_p"})
+# Elementwise primitives (and the broadcasts that feed them): XLA fuses a connected group of them into one kernel
+# that reads the group's inputs from HBM and writes the results read outside it, each once.
+ELEMENTWISE = frozenset(
+    [
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "rem",
+        "pow",
+        "integer_pow",
+        "max",
+        "min",
+        "neg",
+        "abs",
+        "sign",
+        "exp",
+        "exp2",
+        "log",
+        "log1p",
+        "expm1",
+        "tanh",
+        "logistic",
+        "sqrt",
+        "rsqrt",
+        "cbrt",
+        "erf",
+        "erf_inv",
+        "sin",
+        "cos",
+        "tan",
+        "atan2",
+        "floor",
+        "ceil",
+        "round",
+        "square",
+        "reciprocal",
+        "select_n",
+        "clamp",
+        "convert_element_type",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "and",
+        "or",
+        "not",
+        "xor",
+        "broadcast_in_dim",
+        "is_finite",
+        "nextafter",
+    ]
+)
+# Wrappers around elementwise work (`jax.nn.relu` traces as a custom_jvp_call, `jnp.clip` as a pjit).
+CALLS = frozenset({"pjit", "jit", "custom_jvp_call", "custom_vjp_call", "closed_call"})
 
 
 @dataclass(frozen=True)
@@ -63,11 +122,56 @@ def _inner(eqn: Any) -> list[Any]:
     return out
 
 
+def _elementwise(eqn: Any) -> bool:
+    name = eqn.primitive.name
+    if name in ELEMENTWISE:
+        return True
+    if name in CALLS:
+        subs = _inner(eqn)
+        return bool(subs) and all(_elementwise(e) for j in subs for e in j.eqns)
+    return False
+
+
+def _fusions(jaxpr: Any) -> tuple[int, int]:
+    """HBM bytes of the jaxpr's elementwise fusions (connected groups of elementwise equations), and their count."""
+    eqns = [e for e in jaxpr.eqns if _elementwise(e)]
+    group = list(range(len(eqns)))
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            group[i] = group[group[i]]
+            i = group[i]
+        return i
+
+    made = {id(v): i for i, e in enumerate(eqns) for v in e.outvars}
+    for i, e in enumerate(eqns):
+        for v in e.invars:
+            if id(v) in made:
+                group[root(i)] = root(made[id(v)])
+    read_outside = {id(v) for e in jaxpr.eqns if not _elementwise(e) for v in e.invars}
+    read_outside |= {id(v) for v in jaxpr.outvars}
+    total, roots = 0, set()
+    for g in {root(i) for i in range(len(eqns))}:
+        members = [e for i, e in enumerate(eqns) if root(i) == g]
+        inside = {id(v) for e in members for v in e.outvars}
+        ins = {id(v): v for e in members for v in e.invars if hasattr(v, "aval") and id(v) not in inside}
+        ins = {k: v for k, v in ins.items() if type(v).__name__ != "Literal"}
+        outs = [v for e in members for v in e.outvars if id(v) in read_outside and bool(getattr(v.aval, "shape", None))]
+        nbytes = sum(_nbytes(v.aval) for v in ins.values()) + sum(_nbytes(v.aval) for v in outs)
+        if outs:  # a fusion of scalars only is folded into its user
+            total += nbytes
+            roots.add(g)
+    return total, len(roots)
+
+
 def wrapper_cost_of_jaxpr(jaxpr: Any) -> WrapperCost:
-    """The data-movement ops of an entry's jaxpr, in nested jit/custom_vjp bodies too (a pallas_call's own kernel
-    body is not looked into)."""
-    total, ops = 0, []
+    """The data-movement ops and elementwise fusions of an entry's jaxpr, in nested jit/custom_vjp bodies too (a
+    pallas_call's own kernel body is not looked into)."""
+    fused, count = _fusions(jaxpr)
+    total, ops = fused, ["elementwise-fusion"] * count
     for eqn in jaxpr.eqns:
+        if _elementwise(eqn):
+            continue  # counted with its fusion
         if _moves(eqn):
             total += sum(_nbytes(v.aval) for v in eqn.invars) + sum(_nbytes(v.aval) for v in eqn.outvars)
             ops.append(eqn.primitive.name)

@@ -12,6 +12,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..errors import check
+from .builders import fresh_name, tuple_expr
 from .facts import CallFacts
 from .matchers import (
     Located,
@@ -19,12 +20,10 @@ from .matchers import (
     code,
     find_call_node,
     free_names,
-    fresh_name,
     grid_spec_keyword,
     keyword,
     pltpu_alias,
     resolve_local,
-    tuple_expr,
     used_names,
 )
 

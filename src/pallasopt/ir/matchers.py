@@ -1,16 +1,15 @@
-"""Read-only libcst helpers every pass may use: find a pallas_call and its parts, look up import aliases, rename
-names in a body, build tuple and index-map expressions.
+"""Read-only libcst lookups every pass may use: find a pallas_call and its parts, look up import aliases, the names
+an expression reads or a block binds, the grid axes a body's program_id calls use.
 
-This module is the bottom of the CST layer: it imports nothing else from `ir/` but `facts`, and `cst_edit.py` (the
-editing helpers) and `knobs.py` build on it. A helper that more than one pass needs lives here or in `cst_edit.py`,
+This module is the bottom of the CST layer: it imports nothing else from `ir/` but `facts`; `builders.py` (new
+names, renaming, tuple and index-map expressions), `cst_edit.py` (the editing helpers) and `knobs.py` build on it. A helper that more than one pass needs lives here or in `cst_edit.py`,
 never as a private name one pass imports from another.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeVar
 
 import libcst as cst
 import libcst.matchers as m
@@ -19,7 +18,6 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 from ..errors import check
 from .facts import CallFacts
 
-N = TypeVar("N", bound=cst.CSTNode)
 Pos = tuple[int, int]  # (line, column) of a node's start, 1-based line, 0-based column
 
 PALLAS = "jax.experimental.pallas"
@@ -321,67 +319,11 @@ def blockspec_parts(spec: cst.BaseExpression | None) -> tuple[cst.BaseExpression
     return shape, imap
 
 
-# --- renaming and building -------------------------------------------------------------------------------------
-
-
-class RenameNames(cst.CSTTransformer):
-    """Rename variables: every `Name` in `renames`, except an attribute's name (`x.o_ref`) or a call's keyword."""
-
-    def __init__(self, renames: Mapping[str, str]) -> None:
-        super().__init__()
-        self.renames = dict(renames)
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        return False  # only the object part can be a variable: visited by hand in leave_Attribute
-
-    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
-        value = original.value.visit(self)
-        assert isinstance(value, cst.BaseExpression)
-        return updated.with_changes(value=value)
-
-    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
-        return updated.with_changes(keyword=original.keyword)
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
-        new = self.renames.get(original.value)
-        return updated.with_changes(value=new) if new is not None else updated
-
-
-def rename_names(node: N, renames: Mapping[str, str]) -> N:
-    """`node` with every use of the names in `renames` renamed (a ref in a kernel body, a loop variable...)."""
-    out = node.visit(RenameNames(renames))
-    assert isinstance(out, type(node))
-    return out
+# --- names and grid axes ------------------------------------------------------------------------------------------
 
 
 def used_names(node: cst.CSTNode) -> set[str]:
     return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
-
-
-def fresh_name(used: set[str], want: str) -> str:
-    """`want`, prefixed with underscores until it clashes with none of `used`."""
-    name = want
-    while name in used:
-        name = "_" + name
-    return name
-
-
-def tuple_expr(items: Sequence[str | cst.BaseExpression]) -> cst.Tuple:
-    """`(a, b)` from source texts or expressions (`(a,)` for one item, `()` for none)."""
-    exprs = [cst.parse_expression(i) if isinstance(i, str) else i for i in items]
-    sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    elements = [cst.Element(e, comma=sep) if k < len(exprs) - 1 else cst.Element(e) for k, e in enumerate(exprs)]
-    if len(elements) == 1:
-        elements[0] = elements[0].with_changes(comma=cst.Comma())
-    return cst.Tuple(elements)
-
-
-def index_map_expr(params: Sequence[str], results: Sequence[str | cst.BaseExpression]) -> cst.Lambda:
-    """`lambda i, j, k: (i, j)`: an index map over grid indices `params` returning block indices `results`."""
-    text = "lambda " + ", ".join(params) + ": " + code(tuple_expr(results))
-    lam = cst.parse_expression(text if params else "lambda: " + code(tuple_expr(results)))
-    assert isinstance(lam, cst.Lambda)
-    return lam
 
 
 PROGRAM_ID = m.Call(
@@ -400,28 +342,6 @@ def program_id_axes(node: cst.CSTNode) -> set[int] | None:
             return None
         axes.add(int(arg.evaluated_value))
     return axes
-
-
-class _Renumber(cst.CSTTransformer):
-    def __init__(self, mapping: Mapping[int, int]) -> None:
-        super().__init__()
-        self.mapping = mapping
-
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        if not m.matches(original, PROGRAM_ID) or not updated.args:
-            return updated
-        arg = updated.args[0]
-        assert isinstance(arg.value, cst.Integer)  # program_id_axes() checked it first
-        new = self.mapping[int(arg.value.evaluated_value)]
-        return updated.with_changes(args=[arg.with_changes(value=cst.Integer(str(new))), *updated.args[1:]])
-
-
-def renumber_program_ids(node: N, mapping: Mapping[int, int]) -> N:
-    """`node` with every `program_id(a)` / `num_programs(a)` axis literal `a` replaced by `mapping[a]` (check
-    `program_id_axes(node)` first: every axis must be a literal in `mapping`)."""
-    out = node.visit(_Renumber(mapping))
-    assert isinstance(out, type(node))
-    return out
 
 
 def module_names(module: cst.Module) -> set[str]:
@@ -484,15 +404,12 @@ def bound_names(node: cst.CSTNode) -> set[str]:
     return out
 
 
-def affine_results(rows: Sequence[Sequence[int]], grid_names: Sequence[str], axis_of: Mapping[int, int]) -> list[str]:
-    """Source text of an affine index map's results: row `(c0, c1, ..., const)` over old grid axes, written over
-    `grid_names` with old axis a at new position `axis_of[a]` (e.g. `["g1", "2 * g0 + 1"]`)."""
-    out = []
-    for row in rows:
-        terms = [
-            f"{c} * {grid_names[axis_of[a]]}" if c != 1 else grid_names[axis_of[a]] for a, c in enumerate(row[:-1]) if c
-        ]
-        if row[-1] or not terms:
-            terms.append(str(row[-1]))
-        out.append(" + ".join(terms))
+def descendants(node: cst.CSTNode) -> set[cst.CSTNode]:
+    """Every node below `node` (by identity)."""
+    out: set[cst.CSTNode] = set()
+    stack = list(node.children)
+    while stack:
+        n = stack.pop()
+        out.add(n)
+        stack.extend(n.children)
     return out

@@ -10,18 +10,17 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import PassNotApplicable, check
+from ..ir.builders import fresh_name, rename_names
 from ..ir.cst_edit import add_scratch, ensure_pltpu, replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     Located,
     find_call_node,
-    fresh_name,
     jnp_alias,
     kernel_function,
     keyword,
     pl_alias,
-    rename_names,
     spec_nodes,
     used_names,
 )

@@ -10,10 +10,11 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import check
+from ..ir.builders import rename_names
 from ..ir.cst_edit import replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
-from ..ir.matchers import Located, find_call_node, grid_spec_keyword, kernel_function, pl_alias, rename_names
+from ..ir.matchers import Located, find_call_node, grid_spec_keyword, kernel_function, pl_alias
 from .base import Pass
 
 

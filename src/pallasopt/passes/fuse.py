@@ -12,6 +12,7 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
+from ..ir.builders import affine_results, fresh_name, index_map_expr, rename_names, renumber_program_ids, tuple_expr
 from ..ir.cst_edit import block_text, ensure_pltpu, list_like, portable, replace_many, set_keyword
 from ..ir.facts import CallFacts, Operand
 from ..ir.fusion import Link, dataflow, fusable, link, unit_row
@@ -19,7 +20,6 @@ from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     PROGRAM_ID,
     Located,
-    affine_results,
     blockspec_parts,
     bound_names,
     call_site,
@@ -27,9 +27,7 @@ from ..ir.matchers import (
     enclosing_function,
     find_call_node,
     free_names,
-    fresh_name,
     grid_spec_keyword,
-    index_map_expr,
     is_blockspec,
     kernel_function,
     kernel_refs,
@@ -38,11 +36,8 @@ from ..ir.matchers import (
     module_names,
     pl_alias,
     program_id_axes,
-    rename_names,
-    renumber_program_ids,
     resolve,
     spec_list,
-    tuple_expr,
     used_names,
 )
 from .base import Pass

@@ -11,55 +11,142 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
+from ..ir.builders import affine_results, index_map_expr
 from ..ir.cst_edit import replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     Located,
-    affine_results,
     blockspec_parts,
     call_site,
     code,
     find_call_node,
-    index_map_expr,
+    grid_spec_keyword,
     is_blockspec,
     kernel_function,
     kernel_refs,
+    keyword,
+    resolve_local,
     spec_nodes,
 )
 from .base import Pass
 
+NT = "(((1,), (1,)), ((), ()))"  # dot_general dimension numbers of a @ b.T
+NN = "(((1,), (0,)), ((), ()))"  # ... and of a @ b
 
-def transposed_uses(kernel: cst.FunctionDef, ref: str) -> tuple[list[cst.Attribute], int]:
-    """The `ref[...].T` reads of `ref` in the kernel body, and how many uses of `ref` there are in all."""
-    uses = [n for n in m.findall(kernel.body, m.Name(ref))]
-    reads = [
-        a
-        for a in m.findall(kernel.body, m.Attribute(value=m.Subscript(value=m.Name(ref)), attr=m.Name("T")))
-        if isinstance(a, cst.Attribute) and code(a.value).replace(" ", "") == f"{ref}[...]"
-    ]
-    return reads, len(uses)
+
+def _is_nt(loc: Located, at: cst.CSTNode, dims: cst.BaseExpression | None) -> bool:
+    """`dims` is the literal NT dimension numbers, or a name last assigned them (in the kernel or the module)."""
+    seen = 0
+    while isinstance(dims, cst.Name) and seen < 3:
+        found = resolve_local(loc, at, dims.value)
+        if found is None:
+            assigned = [
+                a.value
+                for a in m.findall(loc.wrapper.module, m.Assign(targets=[m.AssignTarget(target=m.Name(dims.value))]))
+                if isinstance(a, cst.Assign)
+            ]
+            found = assigned[0] if len(assigned) == 1 else None
+        dims, seen = found, seen + 1
+    return dims is not None and code(dims).replace(" ", "") == NT.replace(" ", "")
+
+
+def _nt_rhs(loc: Located, node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The dimension-numbers argument of the NT `dot_general` whose right operand is `node` (else None)."""
+    arg = loc.parent(node)
+    call = loc.parent(arg) if isinstance(arg, cst.Arg) else None
+    if not isinstance(call, cst.Call) or not code(call.func).endswith("dot_general"):
+        return None
+    positional = [a for a in call.args if a.keyword is None]
+    if len(positional) < 2 or positional[1] is not arg:
+        return None
+    dims = positional[2].value if len(positional) > 2 else None
+    kw = keyword(call, "dimension_numbers")
+    dims = kw.value if kw is not None else dims
+    return dims if dims is not None and _is_nt(loc, call, dims) else None
+
+
+def _transposed_use(loc: Located, node: cst.BaseExpression, edits: dict[cst.CSTNode, cst.CSTNode]) -> bool:
+    """Record the edit that reads `node` (a block value) untransposed: `v.T` -> `v`, an NT dot_general -> NN."""
+    parent = loc.parent(node)
+    if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value == "T":
+        edits[parent] = node
+        return True
+    dims = _nt_rhs(loc, node)
+    if dims is not None:
+        edits[dims] = cst.parse_expression(NN)
+        return True
+    return False
+
+
+def transposed_uses(loc: Located, kernel: cst.FunctionDef, ref: str) -> dict[cst.CSTNode, cst.CSTNode] | None:
+    """The body edits that make the kernel read `ref`'s block pre-transposed, when every use of `ref` is a
+    transposed read: `ref[...].T`, `ref[...]` as the right operand of an NT `dot_general`, or `k = ref[...]` whose
+    every use is `k.T` or such an operand (None otherwise)."""
+    uses = list(m.findall(kernel.body, m.Name(ref)))
+    edits: dict[cst.CSTNode, cst.CSTNode] = {}
+    for use in uses:
+        read = loc.parent(use)
+        if not (isinstance(read, cst.Subscript) and code(read).replace(" ", "") == f"{ref}[...]"):
+            return None
+        if _transposed_use(loc, read, edits):
+            continue
+        assign = loc.parent(read)
+        if not (
+            isinstance(assign, cst.Assign)
+            and len(assign.targets) == 1
+            and isinstance(assign.targets[0].target, cst.Name)
+        ):
+            return None
+        local = assign.targets[0].target.value
+        targets = [t for t in m.findall(kernel.body, m.AssignTarget(target=m.Name(local)))]
+        reads = [n for n in m.findall(kernel.body, m.Name(local)) if n is not assign.targets[0].target]
+        if len(targets) != 1 or bound_in_nested(kernel, local) or not reads:
+            return None
+        if not all(isinstance(r, cst.Name) and _transposed_use(loc, r, edits) for r in reads):
+            return None
+    return edits if uses else None
+
+
+def bound_in_nested(kernel: cst.FunctionDef, name: str) -> bool:
+    """`name` is a parameter or assignment target of a function nested in the kernel."""
+    for fn in m.findall(kernel.body, m.FunctionDef() | m.Lambda()):
+        params = fn.params  # type: ignore[attr-defined]
+        if any(p.name.value == name for p in params.params):
+            return True
+    return False
 
 
 def _candidates(call: CallFacts) -> list[int]:
-    """2-D blocked inputs with an affine index map (the ones this pass can re-lay out)."""
+    """Blocked inputs whose kernel block is 2-D (leading block dims squeezed) with an affine index map."""
     return [
         i
         for i, o in enumerate(call.inputs)
-        if o.is_pipelined and len(o.block_shape) == 2 and None not in o.block_shape and o.index_map.affine is not None
+        if o.is_pipelined
+        and len(o.block_shape) >= 2
+        and None not in o.block_shape[-2:]
+        and all(b is None for b in o.block_shape[:-2])
+        and o.index_map.affine is not None
     ]
+
+
+def _swap(xs: tuple) -> tuple:  # type: ignore[type-arg]
+    return (*xs[:-2], xs[-1], xs[-2])
 
 
 @dataclass(frozen=True)
 class LayoutPass(Pass):
-    """Pre-transpose an input: a kernel that reads a block only as `x_ref[...].T` gets the operand transposed once
-    in the wrapper (`x.T`), its BlockSpec's block shape and index map swapped, and the `.T` dropped from the body.
+    """Pre-transpose an input: a kernel that reads a block only transposed (`x_ref[...].T`, `x_ref[...]` as the
+    right operand of an NT `lax.dot_general` (contracting its minor dim), or a local `k = k_ref[...]` used only as
+    `k.T` or such an operand) gets the operand's last two dims swapped once in the wrapper (`x.T`,
+    `x.swapaxes(-1, -2)`), its BlockSpec's last two block dims and index-map results swapped, and the body reading
+    the block as it now is (`.T` dropped, NT dimension numbers made NN).
 
     Helps when the kernel transposes the same block in many grid steps (a K or weight block re-fetched for every
     output tile): the in-kernel transposes (XLU work every step) become one XLA transpose, which the cost model
     charges as HBM traffic (cost_model/wrapper.py), so the search sees the trade. Offered only where the block is
-    transposed more than once in all (grid steps x block > the array). Parameters: `call`, `operand` (input index). Declines when the body uses the ref in any
-    other way, or the BlockSpec is shared with another operand.
+    transposed more than once in all (grid steps x block > the array). Parameters: `call`, `operand` (input
+    index). Declines when the body uses the ref in any other way or its block has unsqueezed leading dims.
     """
 
     name: ClassVar[str] = "layout"
@@ -81,10 +168,9 @@ class LayoutPass(Pass):
             if kernel is None or refs is None or len(refs) < len(c.inputs):
                 continue
             for i in _candidates(c):
-                reads, uses = transposed_uses(kernel, refs[i])
                 # The body transposes the block every grid step: more elements than the whole array?
                 redone = c.steps * c.inputs[i].block_elems > math.prod(c.inputs[i].shape)
-                if reads and len(reads) == uses and redone:
+                if redone and transposed_uses(loc, kernel, refs[i]) is not None:
                     out.append(cls(call=c.index, operand=i))
         return tuple(out)
 
@@ -92,7 +178,10 @@ class LayoutPass(Pass):
         check(0 <= self.call < len(ir.calls), f"no pallas_call #{self.call}")
         facts = ir.calls[self.call]
         check(facts.num_scalar_prefetch == 0, "the call uses scalar prefetch")
-        check(self.operand in _candidates(facts), f"input {self.operand} is not a 2-D blocked input with affine map")
+        check(
+            self.operand in _candidates(facts),
+            f"input {self.operand} is not a blocked input with a 2-D kernel block and an affine map",
+        )
         op = facts.inputs[self.operand]
         assert op.index_map.affine is not None
         loc = Located.of(ir.module)
@@ -104,44 +193,60 @@ class LayoutPass(Pass):
         check(refs is not None and len(refs) >= len(facts.inputs), "the kernel's parameters do not match its refs")
         assert refs is not None
         ref = refs[self.operand]
-        reads, uses = transposed_uses(kernel, ref)
-        check(bool(reads) and len(reads) == uses, f"the kernel uses {ref} other than as {ref}[...].T")
-        specs = spec_nodes(loc, node)
-        check(len(specs) == len(facts.operands), "cannot read every BlockSpec")
-        spec = specs[self.operand]
-        check(is_blockspec(spec), f"input {self.operand}'s spec is not a BlockSpec(...)")
-        check(sum(s is spec for s in specs) == 1, "the BlockSpec is shared with another operand")
-        assert isinstance(spec, cst.Call)
+        body_edits = transposed_uses(loc, kernel, ref)
+        check(body_edits is not None, f"the kernel uses {ref} other than as a transposed read of {ref}[...]")
+        assert body_edits is not None
         site = call_site(loc, node)
         check(site is not None, "the pallas_call is not applied to positional operands in place")
         assert site is not None
-        edits: dict[cst.CSTNode, cst.CSTNode] = {r: r.value for r in reads}  # `x_ref[...].T` -> `x_ref[...]`
-        edits[spec] = _swapped_spec(spec, op.index_map.affine, len(facts.grid))
+        edits = dict(body_edits)
+        where, spec = _spec_site(loc, node, self.operand, len(facts.operands))
+        edits[where] = _swapped_spec(spec, op.index_map.affine, len(facts.grid))
         operand = site.operands[self.operand]
         simple = isinstance(operand, cst.Name | cst.Attribute | cst.Call | cst.Subscript)
-        edits[operand] = cst.parse_expression(f"{code(operand)}.T" if simple else f"({code(operand)}).T")
+        text = code(operand) if simple else f"({code(operand)})"
+        edits[operand] = cst.parse_expression(f"{text}.T" if len(op.shape) == 2 else f"{text}.swapaxes(-1, -2)")
         try:
             new = ir.with_module(replace_many(loc.wrapper.module, edits), self.spec())
         except KernelError as e:
             raise PassNotApplicable(f"the rewritten module does not trace: {e.message}") from None
         got = new.calls[self.call].inputs[self.operand]
         check(
-            got.shape == op.shape[::-1] and got.block_shape == op.block_shape[::-1],
+            got.shape == _swap(op.shape) and got.block_shape == _swap(op.block_shape),
             f"the rewrite traced to shape {got.shape}, block {got.block_shape}",
         )
         return new
 
 
+def _spec_site(loc: Located, node: cst.Call, operand: int, n_operands: int) -> tuple[cst.CSTNode, cst.Call]:
+    """Where the operand's new BlockSpec goes (its element of an in_specs list in place, so a spec shared with
+    other operands is left to them; else the spec itself, when not shared) and the spec it starts from."""
+    specs = spec_nodes(loc, node)
+    check(len(specs) == n_operands, "cannot read every BlockSpec")
+    spec = specs[operand]
+    check(is_blockspec(spec), f"input {operand}'s spec is not a BlockSpec(...)")
+    assert isinstance(spec, cst.Call)
+    _, arg = grid_spec_keyword(loc, node, "in_specs")
+    if arg is not None and isinstance(arg.value, cst.List | cst.Tuple) and len(arg.value.elements) > operand:
+        return arg.value.elements[operand].value, spec
+    check(sum(s is spec for s in specs) == 1, "the BlockSpec is shared with another operand")
+    return spec, spec
+
+
 def _swapped_spec(spec: cst.Call, affine: tuple[tuple[int, ...], ...], n_grid: int) -> cst.Call:
-    """The BlockSpec of the transposed operand: block dims and index-map results in the other order."""
+    """The BlockSpec of the transposed operand: the last two block dims and index-map results in the other order."""
     shape, _ = blockspec_parts(spec)
-    check(isinstance(shape, cst.Tuple | cst.List) and len(shape.elements) == 2, "the block shape is not a 2-tuple")
+    check(isinstance(shape, cst.Tuple | cst.List) and len(shape.elements) >= 2, "the block shape is not a tuple")
     assert isinstance(shape, cst.Tuple | cst.List)
-    a, b = (code(e.value) for e in shape.elements)
+    dims = _swap(tuple(code(e.value) for e in shape.elements))
     _, imap = blockspec_parts(spec)
     params = [p.name.value for p in imap.params.params] if isinstance(imap, cst.Lambda) else []
     names = params if len(params) == n_grid else [f"g{i}" for i in range(n_grid)]
-    results = affine_results(affine, names, {i: i for i in range(n_grid)})[::-1]
+    body = imap.body if isinstance(imap, cst.Lambda) else None
+    if isinstance(body, cst.Tuple) and len(body.elements) == len(dims) and len(params) == n_grid:
+        results = list(_swap(tuple(code(e.value) for e in body.elements)))  # as written: dims-generic
+    else:  # from the traced affine map (an axis of extent 1 at the traced dims reads as a constant)
+        results = list(_swap(tuple(affine_results(affine, names, {i: i for i in range(n_grid)}))))
     rest = [x for x in spec.args if x.keyword is not None and x.keyword.value not in ("block_shape", "index_map")]
-    new_shape = cst.parse_expression(f"({b}, {a})")
+    new_shape = cst.parse_expression(f"({', '.join(dims)})")
     return spec.with_changes(args=[cst.Arg(new_shape), cst.Arg(index_map_expr(names, results)), *rest])

@@ -10,6 +10,7 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
+from ..ir.builders import fresh_name
 from ..ir.cst_edit import add_scratch, ensure_pltpu, replace_many
 from ..ir.facts import CallFacts, Operand
 from ..ir.kernel_ir import KernelIR
@@ -18,7 +19,6 @@ from ..ir.matchers import (
     blockspec_parts,
     code,
     find_call_node,
-    fresh_name,
     grid_spec_keyword,
     jnp_alias,
     kernel_function,

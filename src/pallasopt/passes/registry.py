@@ -11,6 +11,7 @@ from .base import Pass
 from .cost_estimate import CostEstimatePass
 from .dimension_semantics import DimensionSemanticsPass
 from .dma_overlap import DmaOverlapPass
+from .epilogue import EpiloguePass
 from .fuse import FusePass
 from .grid_order import GridOrderPass
 from .layout import LayoutPass
@@ -32,6 +33,7 @@ PASSES: tuple[type[Pass], ...] = (
     SkipMaskedBlocksPass,
     OnlineSoftmaxPass,
     FusePass,
+    EpiloguePass,
     LayoutPass,
     CostEstimatePass,
     LLMRewritePass,

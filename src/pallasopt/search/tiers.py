@@ -75,7 +75,7 @@ class Evaluator(Protocol):
 
 def model_tier(ir: KernelIR, chip: Chip) -> TierResult:
     est = estimate_calls(ir.calls, chip)
-    wrapper_s = wrapper_cost(ir).seconds(chip)  # the wrapper's transposes/pads: HBM traffic the calls do not see
+    wrapper_s = wrapper_cost(ir).seconds(chip)  # the wrapper's transposes, pads, elementwise fusions
     data = {**est.to_dict(), "wrapper_s": wrapper_s}
     if not est.ok:
         return TierResult("model", False, est.time_s + wrapper_s, "; ".join(est.problems), data)
