@@ -177,3 +177,17 @@ def summary(pred: Sequence[float], meas: Sequence[float]) -> dict[str, Any]:
 
 def geomean(xs: Sequence[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def write_results(out_dir: str | Path, name: str, argv: Sequence[str], **fields: Any) -> Path:
+    """Write a results file `<name>-<date>.json` (date, the command that made it, then `fields`) and print its summary."""
+    import datetime as dt
+
+    result = {"date": dt.date.today().isoformat(), "command": f"python bench/{name.replace('-', '_')}.py " + " ".join(argv)}
+    result.update(fields)
+    out = Path(out_dir) / f"{name}-{result['date']}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result.get("summary"), indent=1))
+    print(f"wrote {out}")
+    return out
+

@@ -19,7 +19,6 @@ the splash kernel); `calls_ms` and `wrapper_ms` give the two parts.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import hashlib
 import json
 import sys
@@ -32,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from fidelity_data import Point, load_points, pair_agreement, split_table, summary  # noqa: E402
+from fidelity_data import Point, load_points, pair_agreement, split_table, summary, write_results  # noqa: E402
 from fidelity_modules import Unsupported, module_for  # noqa: E402
 
 CHIPS = {"tpu7x": "tpu7x", "tpu_v5_lite": "v5e"}
@@ -162,17 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({**base, **row})
         print(f"{p.device} {p.family} measured {p.measured_ms:.3f} ms model {row.get('model_ms', float('nan')):.3f} "
               f"compiler {row.get('compiler_ms')} {row.get('error', '')[:120]}", flush=True)
-    result = {
-        "date": dt.date.today().isoformat(),
-        "command": "python bench/fidelity_tokamax.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "notes": notes,
-        "summary": aggregate(rows),
-        "points": rows,
-    }
-    out = Path(args.out) / f"fidelity-tokamax-{result['date']}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result["summary"], indent=1))
-    print(f"wrote {out}")
+    write_results(
+        args.out,
+        "fidelity-tokamax",
+        argv if argv is not None else sys.argv[1:],
+        notes=notes,
+        summary=aggregate(rows),
+        points=rows,
+    )
     return 0
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import datetime as dt
 import hashlib
 import json
 import sys
@@ -43,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from fidelity_data import Point, load_points, summary  # noqa: E402
+from fidelity_data import Point, load_points, summary, write_results  # noqa: E402
 from fidelity_modules import Unsupported, flash_attention_module, parse_array, ragged_dot_module  # noqa: E402
 
 CHIPS = {"tpu7x": "tpu7x", "tpu_v5_lite": "v5e"}
@@ -233,18 +232,15 @@ def main(argv: list[str] | None = None) -> int:
             f"floor {row.get('xla_floor_ms')} {(row.get('estimate_error') or row.get('error') or '')[:150]}",
             flush=True,
         )
-    result = {
-        "date": dt.date.today().isoformat(),
-        "command": "python bench/fidelity_xla.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "notes": notes,
-        "skipped_unreproducible": skipped,
-        "summary": aggregate(rows),
-        "points": rows,
-    }
-    out = Path(args.out) / f"fidelity-xla-{result['date']}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result["summary"], indent=1))
-    print(f"wrote {out}")
+    write_results(
+        args.out,
+        "fidelity-xla",
+        argv if argv is not None else sys.argv[1:],
+        notes=notes,
+        skipped_unreproducible=skipped,
+        summary=aggregate(rows),
+        points=rows,
+    )
     return 0
 
 
