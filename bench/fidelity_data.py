@@ -147,7 +147,7 @@ def pair_agreement(
     groups: Sequence[Sequence[tuple[float, float]]], margin: float = 0.15
 ) -> tuple[int, int]:
     """Over pairs within each group (configs of one problem: (predicted, measured)) whose measured times differ by
-    more than `margin`, how many the prediction orders as measured: (agreeing, pairs)."""
+    more than `margin`, how many the prediction orders as measured (a predicted tie counts as wrong): (agreeing, pairs)."""
     agree = total = 0
     for g in groups:
         for i in range(len(g)):
@@ -156,8 +156,37 @@ def pair_agreement(
                 if max(mi, mj) <= (1 + margin) * min(mi, mj):
                     continue
                 total += 1
-                agree += (pi < pj) == (mi < mj)
+                agree += (pi - pj) * (mi - mj) > 0  # a tie in the prediction orders nothing
     return agree, total
+
+
+def config_pairs(rows: Sequence[dict[str, Any]], field: str, margin: float = 0.15) -> dict[str, Any]:
+    """Config-pair ordering of one tier over result rows: rows of one problem (`key`, else `name`) that have a time in
+    `field` (e.g. "model_ms", "compiler_ms") are paired; pairs whose measured times differ by more than `margin` are
+    scored. Returns {"agree", "pairs", "problems" (with >= 2 configs timed), "wrong": [(problem, fast config, slow
+    config)] for each pair the tier orders against the measurement}. A row without the tier's time drops out, so
+    the tiers may score different pair counts (each says its own)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get(field) is not None and r.get("measured_ms"):
+            groups.setdefault(str(r.get("key") or r.get("name") or ""), []).append(r)
+    wrong: list[tuple[str, str, str]] = []
+    agree = total = 0
+    for problem, g in sorted(groups.items()):
+        a, t = pair_agreement([[(float(r[field]), float(r["measured_ms"])) for r in g]], margin)
+        agree, total = agree + a, total + t
+        if a < t:
+            for i, ri in enumerate(g):
+                for rj in g[i + 1 :]:
+                    fast, slow = (ri, rj) if ri["measured_ms"] < rj["measured_ms"] else (rj, ri)
+                    if slow["measured_ms"] > (1 + margin) * fast["measured_ms"] and fast[field] >= slow[field]:
+                        wrong.append((problem, str(fast.get("config", "")), str(slow.get("config", ""))))
+    return {
+        "agree": agree,
+        "pairs": total,
+        "problems": sum(1 for g in groups.values() if len(g) >= 2),
+        "wrong": wrong,
+    }
 
 
 def summary(pred: Sequence[float], meas: Sequence[float]) -> dict[str, Any]:
@@ -179,11 +208,15 @@ def geomean(xs: Sequence[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
-def write_results(out_dir: str | Path, name: str, argv: Sequence[str], **fields: Any) -> Path:
-    """Write a results file `<name>-<date>.json` (date, the command that made it, then `fields`) and print its summary."""
+def write_results(
+    out_dir: str | Path, name: str, argv: Sequence[str], script: str | None = None, **fields: Any
+) -> Path:
+    """Write a results file `<name>-<date>.json` (date, the command that made it, then `fields`) and print its summary.
+    `script`: the bench script's file name when it is not `<name>` in snake case."""
     import datetime as dt
 
-    result = {"date": dt.date.today().isoformat(), "command": f"python bench/{name.replace('-', '_')}.py " + " ".join(argv)}
+    script = script or f"{name.replace('-', '_')}.py"
+    result = {"date": dt.date.today().isoformat(), "command": f"python bench/{script} " + " ".join(argv)}
     result.update(fields)
     out = Path(out_dir) / f"{name}-{result['date']}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")

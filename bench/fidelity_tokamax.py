@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
+import re
 import sys
 import time
 from collections import defaultdict
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from fidelity_data import Point, load_points, pair_agreement, split_table, summary, write_results  # noqa: E402
+from fidelity_data import Point, config_pairs, load_points, split_table, summary, write_results  # noqa: E402
 from fidelity_modules import Unsupported, module_for  # noqa: E402
 
 CHIPS = {"tpu7x": "tpu7x", "tpu_v5_lite": "v5e"}
@@ -75,22 +77,42 @@ def run_point(source: str, path: str, chip_name: str, compile_: bool) -> dict[st
         r = Tiers(chip, compile_timeout_s=300).compiler(ir)
         row["compiler_ms"] = r.time_s * 1e3 if r is not None and r.time_s is not None else None
         row["compiler_note"] = "" if r is None else r.message
+        if r is not None:  # what a correction of the static estimate is fitted on (bench/fidelity_fit.py --compiler)
+            row["compiler_static_ms"] = r.data.get("static_raw_s", math.nan) * 1e3
+            row["compiler_floor_ms"] = r.data.get("hbm_floor_s", math.nan) * 1e3
+            row["grid_steps"] = sum(c.steps for c in ir.calls)
         row["compile_s"] = round(time.time() - t1, 1)
     return row
 
 
-def tutorial_rows(compile_: bool) -> list[dict[str, Any]]:
+def with_params(source: str, params: dict[str, Any]) -> str:
+    """The module source with each top-level `NAME = ...` line of `params` set to the point's value."""
+    for name, value in params.items():
+        source, n = re.subn(rf"^{name} = .*$", f"{name} = {value!r}", source, count=1, flags=re.M)
+        if n != 1:
+            raise ValueError(f"the module has no top-level `{name} = ...` line to set")
+    return source
+
+
+def tutorial_rows(compile_: bool, split: str = "all") -> list[dict[str, Any]]:
+    """The tutorial points of `split` ("all": every one; a point without a "split" is validation)."""
     rows = []
     for t in json.loads(TUTORIALS.read_text())["points"]:
-        if "module" not in t:
+        half = t.get("split", "validation")
+        if "module" not in t or split not in ("all", half):
             continue
         path = ROOT / t["module"]
+        digest = hashlib.sha256(t["name"].encode()).hexdigest()[:10]
         try:
-            row = run_point(path.read_text(), str(path), t["chip"], compile_)
+            src = with_params(path.read_text(), t.get("params", {}))
+            row = run_point(src, f"/tmp/pallasopt_fidelity/{path.stem}_{digest}.py", t["chip"], compile_)
         except Exception as e:  # one bad point never stops the bench
             row = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
         rows.append({"source": "tutorial", "name": t["name"], "family": t["family"], "device": t["chip"],
-                     "split": "validation", "measured_ms": t["measured_ms"], "tier": t["tier"], **row})
+                     "split": half, "key": t.get("problem", t["name"]), "config": t.get("config", ""),
+                     "measured_ms": t["measured_ms"], "tier": t["tier"], **row})
+        print(f"{t['chip']} {t['name']}: measured {t['measured_ms']:.3f} ms, model {row.get('model_ms')}, "
+              f"compiler {row.get('compiler_ms')} {row.get('error', '')[:120]}", flush=True)
     return rows
 
 
@@ -124,11 +146,9 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         entry: dict[str, Any] = {"model": summary([r["model_ms"] for r in rs], [r["measured_ms"] for r in rs])}
         comp = [r for r in rs if r.get("compiler_ms")]
         entry["compiler"] = summary([r["compiler_ms"] for r in comp], [r["measured_ms"] for r in comp])
-        problems: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        for r in rs:
-            problems[r.get("key", r.get("name", ""))].append((r["model_ms"], r["measured_ms"]))
-        agree, pairs = pair_agreement(list(problems.values()))
-        entry["config_pairs_over_15pct"] = {"agree": agree, "pairs": pairs}
+        # Two configs of one problem whose measured times differ by > 15%: how many each tier orders right.
+        entry["config_pairs_over_15pct"] = {"model": config_pairs(rs, "model_ms"),
+                                            "compiler": config_pairs(rs, "compiler_ms")}
         out[key] = entry
     return out
 
@@ -140,13 +160,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", type=int, default=0, help="compiler-tier points per (device, op), v5e only")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--write-split", action="store_true", help="rewrite bench/fidelity_split.json and exit")
+    ap.add_argument("--tutorials-only", action="store_true", help="only the tutorial points (no tokamax needed)")
     args = ap.parse_args(argv)
+    if args.tutorials_only:
+        rows = tutorial_rows(compile_=args.compile > 0, split=args.split)
+        name = "fidelity-tutorials" + ("-train" if args.split == "train" else "")
+        write_results(args.out, name, argv if argv is not None else sys.argv[1:], script="fidelity_tokamax.py",
+                      summary=aggregate(rows), points=rows)
+        return 0
     points, notes = load_points()
     if args.write_split:
         (ROOT / "bench" / "fidelity_split.json").write_text(json.dumps(split_table(points), indent=1) + "\n")
         return 0
     chosen = sample([p for p in points if p.op in OPS], args.split, args.per_group)
-    rows = tutorial_rows(compile_=args.compile > 0)
+    rows = tutorial_rows(compile_=args.compile > 0, split=args.split)
     compiled: dict[tuple[str, str], int] = defaultdict(int)
     for p in chosen:
         compile_ = CHIPS[p.device] == "v5e" and compiled[(p.device, p.op)] < args.compile
