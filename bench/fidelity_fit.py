@@ -2,6 +2,7 @@
 
     python bench/fidelity_fit.py bench/results/fidelity-tokamax-train-<date>.json
     python bench/fidelity_fit.py --evaluate bench/results/fidelity-tokamax-<date>.json   (validation: nothing fitted)
+    python bench/fidelity_fit.py --compiler bench/results/fidelity-tutorials-<date>.json  (compiler tier, per chip)
 
 The training file must come from a run with NO fitted constant; the validation file from a run WITH them.
 
@@ -13,6 +14,11 @@ search, the constants that family can speak to and keeps the argmin of the media
 - flash attention (a grid kernel with softmax): `vector_serial` (the fraction of min(MXU, VPU + EUP) that does not
   hide under the larger; 0..1 by 0.05) jointly with a factor on the grid-step overhead (0.5..5 by 0.25);
 - ragged dot (megablox: all its steps are inner emit_pipeline iterations): a factor on the inner-step overhead.
+
+`--compiler`: the compiler tier's per-grid-step excess (`Chip.compiler_step_excess_s`, cycles per grid step that
+libtpu's static estimate charges above the chip), per chip, on the points of a run with `--compile` (raw static
+estimate, HBM floor and grid steps recorded per point; the correction is a pure function of those, so the same file
+scores it on both halves: fitted on "train", reported on "validation").
 
 `--evaluate` prints, on the validation half of a run with the constants (`FITTED`: what the cost model now uses),
 the summary of its model times and of the same points with the constants removed, so a constant that does not
@@ -32,7 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from fidelity_data import summary  # noqa: E402
+from fidelity_data import config_pairs, summary  # noqa: E402
 
 # What the cost model adopted (hardware.py), by family/chip: (vector_serial, grid-step factor, inner-step factor).
 # Protocol: a constant fitted on the training half is adopted only if it also lowers the validation median |error|.
@@ -97,7 +103,54 @@ def evaluate(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# --- the compiler tier's per-grid-step excess (Chip.compiler_step_excess_s) ---------------------------------------
+
+
+def compiler_predict(row: dict[str, Any], excess_s: float) -> float:
+    """The compiler tier's ms for a point with a per-step excess removed, from its recorded raw static estimate,
+    HBM floor and grid steps: what `search.tiers.corrected_static` + the tier's max with the floor compute."""
+    static = row["compiler_static_ms"]
+    corrected = max(static - row["grid_steps"] * excess_s * 1e3, 0.5 * static)
+    return max(corrected, row["compiler_floor_ms"])
+
+
+def fit_compiler(rows: list[dict[str, Any]], clock_hz: float) -> dict[str, Any]:
+    """Scan the excess over 0..800 cycles per grid step (by 5); keep the argmin of the training median |error|,
+    then report both halves with it."""
+    train = [r for r in rows if r["split"] == "train"]
+    val = [r for r in rows if r["split"] == "validation"]
+
+    def summ(rs: list[dict[str, Any]], cycles: float) -> dict[str, Any]:
+        return summary([compiler_predict(r, cycles / clock_hz) for r in rs], [r["measured_ms"] for r in rs])
+
+    best = min(range(0, 801, 5), key=lambda c: (summ(train, c)["median_abs_err"], c))
+    return {
+        "clock_hz": clock_hz,
+        "best_cycles_per_step": best,
+        "best_s_per_step": best / clock_hz,
+        "train": {"n": len(train), "raw": summ(train, 0), "fitted": summ(train, best)},
+        "validation": {"n": len(val), "raw": summ(val, 0), "fitted": summ(val, best)},
+        "validation_pairs": {
+            "raw": config_pairs([{**r, "c": compiler_predict(r, 0.0)} for r in val], "c"),
+            "fitted": config_pairs([{**r, "c": compiler_predict(r, best / clock_hz)} for r in val], "c"),
+        },
+    }
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--compiler":
+        # python bench/fidelity_fit.py --compiler <results with compiler_static_ms, grid_steps, compiler_floor_ms>
+        sys.path.insert(0, str(ROOT / "src"))
+        from pallasopt.cost_model.hardware import get_chip
+
+        data = json.loads(Path(argv[-1]).read_text())
+        by_chip: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in data["points"]:
+            if r.get("compiler_static_ms") is not None and r.get("grid_steps") and r.get("measured_ms"):
+                by_chip[r["device"]].append(r)
+        out = {chip: fit_compiler(rows, get_chip(chip).clock_hz) for chip, rows in sorted(by_chip.items())}
+        print(json.dumps(out, indent=1))
+        return 0
     validation = bool(argv) and argv[0] == "--evaluate"
     data = json.loads(Path(argv[-1]).read_text())
     split = "validation" if validation else "train"

@@ -369,3 +369,16 @@ def test_compiler_tier_ranks_the_tilings_that_fit(big_rows: Path) -> None:
     assert not r.baseline.ok and "screened by the model" in str(r.baseline.reason) and r.speedup is None
     assert r.correct and r.recipe and r.best.time_s is not None
     assert r.budget is not None and r.budget.by_tier["compiler"].candidates >= 1
+
+
+def test_the_compiler_estimate_loses_its_per_step_excess_never_more_than_half() -> None:
+    from dataclasses import replace
+
+    from pallasopt.cost_model.hardware import get_chip
+    from pallasopt.search.tiers import corrected_static
+
+    chip = replace(get_chip("v5e"), compiler_step_excess_s=1e-7)
+    assert corrected_static(1e-3, 1000, chip) == pytest.approx(1e-3 - 1e-4)
+    assert corrected_static(1e-4, 1000, chip) == pytest.approx(5e-5)  # would go to 0: kept at half the raw estimate
+    v6e = get_chip("v6e")
+    assert v6e.compiler_step_excess_s == 0.0 and corrected_static(1e-3, 10**6, v6e) == 1e-3  # no v6e measurement

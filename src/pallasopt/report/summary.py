@@ -70,6 +70,9 @@ def tier_lines(result: Any, style: tuple[str, str, Any] = RICH) -> list[str]:
         return []
     lines = [f"ranked by: {esc(r.describe())}"]
     lines += [f"  {tier} tier not used: {esc(why)}" for tier, why in r.not_used]
+    trust = r.trust_line() if hasattr(r, "trust_line") else None
+    if trust:
+        lines.append(f"  {esc(trust)}")
     return lines
 
 

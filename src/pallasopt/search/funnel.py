@@ -24,6 +24,7 @@ from .node import BaselineIncorrect, Node, ProgressFn, SearchOutcome, score_of
 from .ranking import RANKING_TIERS, choose_tier, tier_works, unavailable_reason
 from .spend import Ledger
 from .tiers import Evaluator, TierResult
+from .trust import family_of
 
 PRUNE_FACTOR = 2  # candidates per wanted result that survive the model tier into the compiler tier
 RECHECK_OFFSET = 7777  # the below-floor re-check runs on the search seeds shifted by this
@@ -101,12 +102,16 @@ class Funnel:
                 unavailable[t] = (
                     f"the evaluator has no {t} tier" if fits else f"the evaluator does not say it has a {t} tier"
                 )
-        self.ranking = choose_tier(root.results, unavailable, self.chip.name, screened=not fits)
+        family = family_of(root.ir.calls) if root.ir is not None else None
+        self.ranking = choose_tier(root.results, unavailable, self.chip.name, screened=not fits, family=family)
         self.score_tier = self.ranking.tier
         self.say("baseline", {"node": root, "tier": self.score_tier, "ranking": self.ranking})
-        # Compile the candidates when the compiler ranks them, or screens them for the hardware tier while it works.
+        # Compile the candidates when the compiler ranks them, or screens them (VMEM, lowering) for the hardware tier
+        # while it works, or for the model when a tier-trust rule moved the ranking there (`search/trust.py`).
+        trusted_model = self.ranking.trust is not None and bool(self.ranking.trust.get("applied"))
+        screens = self.score_tier == "hardware" or trusted_model
         self.compile_children = self.score_tier == "compiler" or (
-            self.score_tier == "hardware" and tier_works(root.results, unavailable, "compiler")
+            screens and tier_works(root.results, unavailable, "compiler")
         )
 
     # -- proposing (the strategy asks) ------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .tiers import TIER_LABEL, TierResult
+from .trust import decide
+from .trust import describe as describe_trust
 
 RANKING_TIERS = ("hardware", "compiler")  # above the model, highest first; the model is always there
 
@@ -72,6 +74,8 @@ class TierChoice:
     tier: str
     device: str
     not_used: tuple[tuple[str, str], ...] = ()
+    # The per-family tier-trust verdict on the baseline (`search/trust.py: decide`), None when no rule covers it.
+    trust: Mapping[str, Any] | None = None
 
     @property
     def label(self) -> str:
@@ -87,7 +91,12 @@ class TierChoice:
             "label": self.label,
             "device": self.device,
             "not_used": [{"tier": t, "reason": why} for t, why in self.not_used],
+            "trust": dict(self.trust) if self.trust is not None else None,
         }
+
+    def trust_line(self) -> str | None:
+        """The tier-trust verdict in words (None: no rule for this kernel family and target)."""
+        return describe_trust(dict(self.trust)) if self.trust is not None else None
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> TierChoice:
@@ -95,16 +104,24 @@ class TierChoice:
             tier=str(d["tier"]),
             device=str(d.get("device", "")),
             not_used=tuple((str(x["tier"]), str(x["reason"])) for x in d.get("not_used") or ()),
+            trust=d.get("trust"),
         )
 
 
 def choose_tier(
-    results: Mapping[str, TierResult], unavailable: Mapping[str, str | None], target: str, screened: bool
+    results: Mapping[str, TierResult],
+    unavailable: Mapping[str, str | None],
+    target: str,
+    screened: bool,
+    family: str | None = None,
 ) -> TierChoice:
     """Pick the ranking tier from the baseline's verdicts.
 
     `results`: the baseline's TierResult per tier; `unavailable`: tier -> why it is missing (None: available);
-    `screened`: the model already found that the baseline does not fit, so the higher tiers were not run on it.
+    `screened`: the model already found that the baseline does not fit, so the higher tiers were not run on it;
+    `family`: the kernel family (`trust.family_of`): when the compiler would rank but it and the model disagree on
+    the baseline beyond what the family's trust rule allows, and the data backs the model there, the model ranks
+    and the compiler's line says why (`trust.TRUST`).
     """
     not_used: list[tuple[str, str]] = []
     for tier in RANKING_TIERS:
@@ -118,6 +135,8 @@ def choose_tier(
                 return TierChoice(tier, _device(tier, target, None), tuple(not_used))
             not_used.append((tier, "the tier gave no verdict on the baseline"))
         elif r.ok and r.time_s is not None:
+            if tier == "compiler" and family is not None:
+                return _with_trust(r, results.get("model"), family, target, not_used)
             return TierChoice(tier, _device(tier, target, r), tuple(not_used))
         elif r.ok:
             not_used.append((tier, f"no time for this kernel: {r.message or 'no estimate was produced'}"))
@@ -126,6 +145,21 @@ def choose_tier(
         else:
             not_used.append((tier, f"failed on the baseline: {r.message}"))
     return TierChoice("model", target, tuple(not_used))
+
+
+def _with_trust(
+    compiler: TierResult, model: TierResult | None, family: str, target: str, not_used: list[tuple[str, str]]
+) -> TierChoice:
+    """The compiler gave the baseline a time: apply the family's trust rule (if any) to the two tiers' times."""
+    model_s = model.time_s if model is not None and model.ok else None
+    verdict = decide(family, target, model_s, compiler.time_s)
+    if verdict is not None and verdict["applied"] and verdict["rule"] == "model":
+        why = (
+            f"disagrees with the model by {verdict['ratio']:.2f}x (compiler/model) on a {family} kernel, where measured "
+            f"data backs the model ({verdict['evidence']})"
+        )
+        return TierChoice("model", target, (*not_used, ("compiler", why)), verdict)
+    return TierChoice("compiler", _device("compiler", target, compiler), tuple(not_used), verdict)
 
 
 def _device(tier: str, target: str, r: TierResult | None) -> str:
