@@ -15,7 +15,7 @@ from ..cost_model.hardware import Chip
 from ..ir.kernel_ir import KernelIR
 from .rows import Estimate
 
-ESTIMATE_VERSION = 1  # bump when the estimate method changes: it keys the estimate cache
+ESTIMATE_VERSION = 2  # bump when the estimate method changes: it keys the estimate cache (2: compiler step excess)
 
 
 class Estimator(Protocol):
