@@ -144,3 +144,19 @@ def test_a_search_with_fake_tiers_ranks_by_the_trusted_model_and_still_screens_w
     out = run(ir, fake, depth=1)
     assert out.score_tier == "model" and fake.calls["compiler"] > 1  # the model ranks, the compiler still screens
     assert out.best.ir.calls[0].operands[0].block_shape[0] != winner
+
+
+def test_family_of_traced_example_kernels() -> None:
+    from pathlib import Path
+
+    from pallasopt.ir.kernel_ir import KernelIR
+
+    root = Path(__file__).resolve().parent.parent
+    expected = {
+        "examples/attention.py": "attention",
+        "examples/matmul.py": "dense_matmul",
+        "examples/softmax.py": "other",
+        "bench/fidelity_kernels/tutorial_sparse_mask_matmul.py": "data_dependent_matmul",
+    }
+    got = {f: family_of(KernelIR.from_file(root / f).calls) for f in expected}
+    assert got == expected

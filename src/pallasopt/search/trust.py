@@ -81,7 +81,7 @@ TRUST: dict[str, TrustRule] = {
     "attention": TrustRule(
         "attention",
         "model",
-        1.25,
+        1.3,
         ("*",),
         "bench/results/fidelity-tokamax-2026-12-02.json",
         "flash attention: model validated on tpu7x (median |err| 9.3%, p90 25.7%, 38 validation points); no measured "
