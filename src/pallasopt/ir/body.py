@@ -174,7 +174,8 @@ def _count_body(
             _count_body(inner, multiplier * int(eqn.params["length"]), acc, grid, prof=prof)
         elif name == "while" and prof is not None and id(eqn) in prof.trips:
             trips = prof.trips[id(eqn)]
-            acc["inner"] += multiplier * trips
+            if _pipelines(eqn.params["body_jaxpr"].jaxpr):  # a step that issues/waits on DMAs, like a grid step
+                acc["inner"] += multiplier * trips
             _count_body(eqn.params["body_jaxpr"].jaxpr, multiplier * trips, acc, grid, prof=prof)
         elif name == "while":
             acc["unbounded"] = True
@@ -364,6 +365,17 @@ def _conditional_axes(jaxpr: Any, state_refs: int = 0) -> tuple[int, ...]:
     return tuple(sorted(found))
 
 
+_PIPELINE_PRIMS = frozenset({"dma_start", "dma_wait", "semaphore_wait", "semaphore_signal"})
+
+
+def _pipelines(jaxpr: Any) -> bool:
+    """A loop body that moves data by DMA (emit_pipeline's inner step, a hand-written copy loop): each iteration
+    pays a step's fixed cost. A loop over data already in VMEM (a fori_loop over chunks) pays only its work."""
+    return any(
+        eqn.primitive.name in _PIPELINE_PRIMS or any(_pipelines(s) for s in _subjaxprs(eqn)) for eqn in jaxpr.eqns
+    )
+
+
 def _dma_serialized(jaxpr: Any) -> bool:
     """A copy started and waited on with no compute between (at the kernel's top level): the transfer cannot
     overlap anything, so its time adds to the step's compute instead of hiding under it."""
@@ -395,7 +407,7 @@ def body_stats(
     acc = _new_acc()
     branchings: list[Branching] = []
     refs = frozenset(kernel_jaxpr.invars[:n_prefetch])
-    prof = profile(kernel_jaxpr, list(smem or ())) if has_loop(kernel_jaxpr) else None
+    prof = profile(kernel_jaxpr, list(smem or ()), grid) if has_loop(kernel_jaxpr) else None
     _count_body(kernel_jaxpr, 1, acc, grid, branchings, refs, prof)
     if prof is not None and not prof.trips:
         prof = None
@@ -418,6 +430,7 @@ def body_stats(
         inner_steps=float(acc["inner"]),
         dma_bytes=int(prof.dma_bytes) if prof is not None and prof.complete else 0,
         loop_note=_loop_note(prof),
+        loop_trips_vary=prof is not None and prof.complete and prof.per_step,
     )
 
 
@@ -428,4 +441,6 @@ def _loop_note(prof: LoopProfile | None) -> str:
         f"inner loops simulated ({prof.simulated} of {prof.iterations:.0f} iterations interpreted, the rest "
         f"extrapolated; {prof.dma_starts:.0f} DMAs, {prof.dma_bytes / 2**20:.1f} MiB)"
     )
-    return head if prof.complete else f"{head}; incomplete: {prof.note} (DMA bytes not used)"
+    if prof.complete:
+        return f"{head}; {prof.note}" if prof.note else head
+    return f"{head}; incomplete: {prof.note} (DMA bytes not used)"

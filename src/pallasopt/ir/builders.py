@@ -44,6 +44,29 @@ def rename_names(node: N, renames: Mapping[str, str]) -> N:
     return out
 
 
+class InlineNames(RenameNames):
+    """Replace variables by expressions (parenthesized): every `Name` in `values`, except attribute names and
+    keywords. The replacements are not visited again."""
+
+    def __init__(self, values: Mapping[str, cst.BaseExpression]) -> None:
+        super().__init__({})
+        self.values = dict(values)
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:  # type: ignore[override]
+        new = self.values.get(original.value)
+        if new is None:
+            return updated
+        return cst.parse_expression(f"({code(new)})")
+
+
+def inline_names(node: cst.BaseExpression, values: Mapping[str, cst.BaseExpression]) -> cst.BaseExpression:
+    """`node` with every use of a name in `values` replaced by its expression, in parentheses (a helper function's
+    parameters by the caller's arguments, a local by the value it was assigned)."""
+    out = node.visit(InlineNames(values))
+    assert isinstance(out, cst.BaseExpression)
+    return out
+
+
 def fresh_name(used: set[str], want: str) -> str:
     """`want`, prefixed with underscores until it clashes with none of `used`."""
     name = want

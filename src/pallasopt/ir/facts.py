@@ -174,6 +174,9 @@ class BodyStats:
     inner_steps: float = 0.0
     dma_bytes: int = 0
     loop_note: str = ""
+    # A loop's trip count changes from grid step to grid step (its bound reads program ids: a causal loop that
+    # stops at the diagonal). libtpu's static profile cannot count such a loop (search/tiers.py gives no time).
+    loop_trips_vary: bool = False
 
     @property
     def mxu_flops(self) -> int:

@@ -8,8 +8,12 @@ it shows one matmul and no traffic. Here the scalar part of the body (loop count
 tables) is interpreted with `ir/steps.py` on the real SMEM values (materialized from `make_inputs`, `ir/prefetch.py`);
 vector work is skipped, only counted. A loop runs at most `MAX_SIMULATED` iterations; when its condition is
 `counter < bound` the remaining iterations are `bound - counter` and the simulated ones stand for them (branch
-fractions and DMA bytes scaled). Anything the interpreter cannot evaluate (a bound computed from a vector, a
-predicate on program ids) makes the profile incomplete, and the caller keeps its static counts.
+fractions and DMA bytes scaled). A body whose loops depend on program ids (a causal loop that stops at the
+diagonal, `fori_loop(0, (qi * BQ + BQ - 1) // BK + 1, ...)`) cannot be run once for all steps: it is run at
+`GRID_SAMPLES` grid steps spread over every axis (step k takes index round(k * (g - 1) / (n - 1)) on an axis of
+extent g, so an index that enters a bound linearly is averaged exactly) and the counts are averaged. Anything the
+interpreter cannot evaluate (a bound computed from a vector) makes the profile incomplete, and the caller keeps its
+static counts.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
@@ -29,6 +33,7 @@ from .steps import SUPPORTED, NotEvaluable, run_equation
 
 MAX_SIMULATED = 256  # iterations simulated per loop execution; the rest extrapolated (~1 ms per iteration here)
 MAX_LOOP_EXECUTIONS = 64  # executions of loops (nested loops count each run) before the simulation gives up
+GRID_SAMPLES = 8  # grid steps simulated when the body's loops depend on program ids
 _CALLS = frozenset({"pjit", "jit", "closed_call", "core_call"})
 
 
@@ -49,6 +54,7 @@ class LoopProfile:
     simulated: int = 0  # loop iterations actually interpreted
     complete: bool = True
     note: str = ""
+    per_step: bool = False  # counts averaged over sampled grid steps: the loops depend on program ids
 
 
 def dma_bytes(eqn: Any) -> int:
@@ -90,7 +96,8 @@ class _Incomplete(Exception):
 
 
 class _Sim:
-    def __init__(self) -> None:
+    def __init__(self, pids: Sequence[np.ndarray] = (), grid: Sequence[int] = ()) -> None:
+        self.pids, self.grid = tuple(pids), tuple(grid)
         self.branch_counts: dict[int, np.ndarray] = {}
         self.trip_total: dict[int, float] = defaultdict(float)
         self.trip_runs: dict[int, int] = defaultdict(int)
@@ -137,7 +144,7 @@ class _Sim:
             self.dma_starts += 1
         elif name in SUPPORTED and all(getattr(o.aval, "shape", None) == () for o in eqn.outvars):
             try:
-                run_equation(eqn, env)
+                run_equation(eqn, env, self.pids, self.grid)
                 return
             except NotEvaluable:
                 pass
@@ -228,13 +235,61 @@ def _read(env: Mapping[Any, Any], v: Any) -> Any:
     return env.get(v)
 
 
-def profile(kernel_jaxpr: Any, refs: Sequence[np.ndarray | None]) -> LoopProfile:
+def profile(kernel_jaxpr: Any, refs: Sequence[np.ndarray | None], grid: Sequence[int] = ()) -> LoopProfile:
     """Simulate one run of the kernel body with `refs[i]` the value of kernel ref i when it is a small SMEM table
-    (None otherwise). Trip counts of loops past `MAX_SIMULATED` iterations are extrapolated (see the module doc)."""
-    sim = _Sim()
+    (None otherwise). Trip counts of loops past `MAX_SIMULATED` iterations are extrapolated (see the module doc).
+    When a loop depends on program ids (the run without them is incomplete) and `grid` is known, the body is run at
+    `GRID_SAMPLES` grid steps and the counts averaged."""
+    first = _simulate(kernel_jaxpr, refs, (), ())
+    if first.complete or not grid or not _reads_program_id(kernel_jaxpr):
+        return first.profile()
+    sims = [_simulate(kernel_jaxpr, refs, pids, grid) for pids in grid_samples(grid)]
+    return _averaged(sims)
+
+
+def grid_samples(grid: Sequence[int], n: int = GRID_SAMPLES) -> list[tuple[np.ndarray, ...]]:
+    """`n` grid steps spread over every axis at once: step k has index round(k * (g - 1) / (n - 1)) on an axis
+    of extent g (all steps when the grid has no more than n)."""
+    total = math.prod(grid)
+    if total <= n:
+        steps = [np.unravel_index(i, tuple(grid)) for i in range(total)]
+        return [tuple(np.asarray(int(x), dtype=np.int32) for x in s) for s in steps]
+    return [tuple(np.asarray(round(k * (g - 1) / (n - 1)), dtype=np.int32) for g in grid) for k in range(n)]
+
+
+def _reads_program_id(jaxpr: Any) -> bool:
+    return _has(jaxpr, frozenset({"program_id"}))
+
+
+def _simulate(
+    kernel_jaxpr: Any, refs: Sequence[np.ndarray | None], pids: Sequence[np.ndarray], grid: Sequence[int]
+) -> _Sim:
+    sim = _Sim(pids, grid)
     args = list(refs) + [None] * (len(kernel_jaxpr.invars) - len(refs))
     try:
         sim.run(kernel_jaxpr, (), args)
     except _Incomplete as e:
         sim.incomplete(str(e))
-    return sim.profile()
+    return sim
+
+
+def _averaged(sims: Sequence[_Sim]) -> LoopProfile:
+    """One profile from simulations of several grid steps: trip counts and branch fractions over all of their loop
+    and cond executions, DMA bytes and iterations per step (the mean)."""
+    n = len(sims)
+    total = _Sim()
+    for s in sims:
+        for k, c in s.branch_counts.items():
+            total.branch_counts[k] = total.branch_counts.get(k, np.zeros_like(c)) + c
+        for k, t in s.trip_total.items():
+            total.trip_total[k] += t
+            total.trip_runs[k] += s.trip_runs[k]
+        total.dma_bytes += s.dma_bytes / n
+        total.dma_starts += s.dma_starts / n
+        total.iterations += s.iterations / n
+        total.simulated += s.simulated
+        if not s.complete:
+            total.incomplete(s.why)
+    prof = total.profile()
+    note = f"averaged over {n} sampled grid steps"
+    return replace(prof, note=f"{note}; {prof.note}" if prof.note else note, per_step=True)

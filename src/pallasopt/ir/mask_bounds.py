@@ -112,9 +112,17 @@ class Mask:
 class Reader:
     """Reads linear forms out of kernel-body expressions. `env` maps kernel locals (assigned once) to their value."""
 
-    def __init__(self, env: Mapping[str, cst.BaseExpression], is_call: Callable[[cst.BaseExpression, str], bool]):
+    def __init__(
+        self,
+        env: Mapping[str, cst.BaseExpression],
+        is_call: Callable[[cst.BaseExpression, str], bool],
+        indices: Mapping[str, int] | None = None,
+    ):
+        """`indices`: names that stand for a block index along a pseudo axis, read like `program_id(axis)` (a loop
+        counter over chunks, `fori_loop`'s index: see passes/skip_masked_chunks.py)."""
         self.env = env
         self.is_call = is_call
+        self.indices = dict(indices or {})
         self.depth = 0
 
     def lin(self, e: cst.BaseExpression) -> Lin | None:
@@ -128,6 +136,8 @@ class Reader:
         if isinstance(e, cst.Integer):
             return Lin(consts=((1, e.value),))
         if isinstance(e, cst.Name):
+            if e.value in self.indices:
+                return Lin(pids=((self.indices[e.value], 1, "1"),))
             if e.value in self.env:
                 form = self.lin(self.env[e.value])
                 return _paired(form) if form is not None else None

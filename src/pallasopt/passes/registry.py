@@ -19,6 +19,7 @@ from .llm_rewrite import LLMRewritePass
 from .online_softmax import OnlineSoftmaxPass
 from .single_buffer import SingleBufferPass
 from .skip_masked_blocks import SkipMaskedBlocksPass
+from .skip_masked_chunks import SkipMaskedChunksPass
 from .tile import TilePass
 from .vmem_limit import VmemLimitPass
 
@@ -31,6 +32,7 @@ PASSES: tuple[type[Pass], ...] = (
     AccumulateInScratchPass,
     DmaOverlapPass,
     SkipMaskedBlocksPass,
+    SkipMaskedChunksPass,
     OnlineSoftmaxPass,
     FusePass,
     EpiloguePass,
