@@ -143,9 +143,7 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def pair_agreement(
-    groups: Sequence[Sequence[tuple[float, float]]], margin: float = 0.15
-) -> tuple[int, int]:
+def pair_agreement(groups: Sequence[Sequence[tuple[float, float]]], margin: float = 0.15) -> tuple[int, int]:
     """Over pairs within each group (configs of one problem: (predicted, measured)) whose measured times differ by
     more than `margin`, how many the prediction orders as measured: (agreeing, pairs)."""
     agree = total = 0
@@ -183,11 +181,13 @@ def write_results(out_dir: str | Path, name: str, argv: Sequence[str], **fields:
     """Write a results file `<name>-<date>.json` (date, the command that made it, then `fields`) and print its summary."""
     import datetime as dt
 
-    result = {"date": dt.date.today().isoformat(), "command": f"python bench/{name.replace('-', '_')}.py " + " ".join(argv)}
+    result = {
+        "date": dt.date.today().isoformat(),
+        "command": f"python bench/{name.replace('-', '_')}.py " + " ".join(argv),
+    }
     result.update(fields)
     out = Path(out_dir) / f"{name}-{result['date']}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result.get("summary"), indent=1))
     print(f"wrote {out}")
     return out
-

@@ -89,8 +89,18 @@ def tutorial_rows(compile_: bool) -> list[dict[str, Any]]:
             row = run_point(path.read_text(), str(path), t["chip"], compile_)
         except Exception as e:  # one bad point never stops the bench
             row = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
-        rows.append({"source": "tutorial", "name": t["name"], "family": t["family"], "device": t["chip"],
-                     "split": "validation", "measured_ms": t["measured_ms"], "tier": t["tier"], **row})
+        rows.append(
+            {
+                "source": "tutorial",
+                "name": t["name"],
+                "family": t["family"],
+                "device": t["chip"],
+                "split": "validation",
+                "measured_ms": t["measured_ms"],
+                "tier": t["tier"],
+                **row,
+            }
+        )
     return rows
 
 
@@ -152,15 +162,27 @@ def main(argv: list[str] | None = None) -> int:
         compile_ = CHIPS[p.device] == "v5e" and compiled[(p.device, p.op)] < args.compile
         compiled[(p.device, p.op)] += compile_
         digest = hashlib.sha256(f"{p.key}/{p.config}".encode()).hexdigest()[:10]
-        base = {"source": "tokamax", "family": p.family, "device": p.device, "op": p.op, "split": p.split,
-                "key": p.key, "config": p.config, "measured_ms": p.measured_ms, "tier": "measured (tokamax XProf)"}
+        base = {
+            "source": "tokamax",
+            "family": p.family,
+            "device": p.device,
+            "op": p.op,
+            "split": p.split,
+            "key": p.key,
+            "config": p.config,
+            "measured_ms": p.measured_ms,
+            "tier": "measured (tokamax XProf)",
+        }
         try:
             row = run_point(module_for(p), f"/tmp/pallasopt_fidelity/{p.op}_{digest}.py", CHIPS[p.device], compile_)
         except Exception as e:
             row = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
         rows.append({**base, **row})
-        print(f"{p.device} {p.family} measured {p.measured_ms:.3f} ms model {row.get('model_ms', float('nan')):.3f} "
-              f"compiler {row.get('compiler_ms')} {row.get('error', '')[:120]}", flush=True)
+        print(
+            f"{p.device} {p.family} measured {p.measured_ms:.3f} ms model {row.get('model_ms', float('nan')):.3f} "
+            f"compiler {row.get('compiler_ms')} {row.get('error', '')[:120]}",
+            flush=True,
+        )
     write_results(
         args.out,
         "fidelity-tokamax",

@@ -33,6 +33,7 @@ from ..lifeline import DEADLINE_GRACE_S, child_command, deadline_for, kill_group
 LIFETIME_S = 4 * 3600  # the guard's own deadline: a worker is retired before a request could run past it
 IDLE_S = 900  # a worker with no request for this long ends itself (its parent may be hung)
 START_TIMEOUT_S = 120.0  # time to import the handler and answer the hello
+CLOSE_GRACE_S = 5.0  # an idle worker asked to end at `close` is killed if it has not after this long
 STDERR_TAIL = 64 * 1024  # bytes of a request's stderr kept for the crash message
 
 # (reply or None, the request's stderr, the guard's returncode (`lifeline.describe_exit`; `worker_code` turns it
@@ -157,8 +158,15 @@ class WarmWorker:
         self.close()
         return code
 
-    def close(self) -> None:
-        """Kill the worker (its process group) and release its pipes; idempotent."""
+    def close(self, grace_s: float = 0.0) -> None:
+        """End the worker and release its pipes; idempotent. With `grace_s`, an idle worker is first asked to end
+        (its stdin closed: it leaves its loop and the guard reaps it, so its CPU time is accounted to this process
+        like a fresh child's); whatever still runs after that is killed with its process group."""
+        if grace_s > 0 and self.proc.poll() is None:
+            with contextlib.suppress(Exception):
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()
+                self.proc.wait(timeout=grace_s)
         if self.proc.poll() is None:
             kill_group(self.proc)
         with contextlib.suppress(Exception):
@@ -239,11 +247,14 @@ class WarmPool:
             return [w.pid for w in [*self._idle, *self._busy]]
 
     def close(self) -> None:
-        """Kill every worker, idle or busy (a busy caller gets a crash answer), and remove the scratch folders."""
+        """End every worker: idle ones are asked to end (killed after `CLOSE_GRACE_S`), busy ones are killed (their
+        caller gets a crash answer); then remove the scratch folders."""
         with self._lock:
             self._closed = True
-            workers = [*self._idle, *self._busy]
+            idle, busy = list(self._idle), list(self._busy)
             self._idle.clear()
-        for w in workers:
+        for w in busy:
             w.close()
+        for w in idle:
+            w.close(grace_s=CLOSE_GRACE_S)
         shutil.rmtree(self._root, ignore_errors=True)
