@@ -62,7 +62,8 @@ class CompileReport:
       on a VMEM overflow, the size the compiler asked for.
     cost_analysis: ``compiled.cost_analysis()`` as sorted (key, value) pairs (XLA ops only; a Pallas call has
       figures only if it carries a `pl.CostEstimate`).
-    compile_s: wall time of the whole subprocess (JAX import + trace + lower + compile), what the caller paid.
+    compile_s: wall time the caller waited: a fresh child's whole life (JAX import + trace + lower + compile), or a
+      warm worker's request (trace + lower + compile).
     """
 
     ok: bool
