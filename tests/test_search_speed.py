@@ -191,3 +191,15 @@ def test_ties_are_broken_by_recipe_in_the_outcome_and_in_every_strategy(matmul_i
     out = evolve_search(matmul_ir, PASSES, Tied(matmul_ir), V5E, cfg)
     tied = [n for n in out.nodes.values() if n.passed("check") and f.key(n) == 5e-4]
     assert len(tied) >= 2 and out.best.spec == min(n.spec for n in tied)
+
+
+def test_metadata_is_resolved_once_per_module_and_edits_are_unchanged(matmul_ir, monkeypatch) -> None:
+    from pallasopt.ir import matchers
+
+    loc = matchers.Located.of(matmul_ir.module)
+    assert matchers.Located.of(matmul_ir.module) is loc  # the same module object: the same metadata
+    choices = TilePass.choices(matmul_ir, V5E)[:6]
+    cached = [c.apply(matmul_ir).source for c in choices]
+    monkeypatch.setattr(matchers, "LOCATED_CACHE", 0)  # resolved afresh for every edit, as before the cache
+    assert matchers.Located.of(matmul_ir.module) is not loc
+    assert [c.apply(matmul_ir).source for c in choices] == cached

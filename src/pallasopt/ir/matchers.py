@@ -50,7 +50,7 @@ class Located:
     @staticmethod
     def of(module: cst.Module) -> Located:
         with _LOCATED_LOCK:
-            hit = _LOCATED.get(id(module))
+            hit = _LOCATED.get(id(module)) if LOCATED_CACHE > 0 else None
             if hit is not None and hit[0] is module:
                 _LOCATED.move_to_end(id(module))
                 return hit[1]
