@@ -65,7 +65,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "ray-overhead.json"))
     args = ap.parse_args()
     os.environ.update(RAY_LOCAL_ENV)
-    local = LocalExecutor()
+    local = LocalExecutor(warm=False)  # a fresh child per compile, as measured before the warm workers
     out: dict[str, object] = {"machine": f"{os.cpu_count()}-core {platform.machine()}, measured", "n": args.trivial}
     out["local_per_task_s"] = per_task(local, args.trivial, at_once=False)
     out["local_compile_s"] = compiles(local, args.compiles)

@@ -158,3 +158,48 @@ def test_compiles_roll_on_jobs_workers_without_waiting_for_a_batch(matmul_ir) ->
     ranked = f.rank(children, want=None)
     assert not tiers.timed_out and tiers.peak == 2 and not f.cut
     assert len(ranked) >= 3 and all(c.passed("compiler") for c in ranked)
+
+
+class Tied(Floored):
+    """Every candidate compiles to the same time (half the baseline's): the result is decided by the tie-break."""
+
+    def __init__(self, root: KernelIR) -> None:
+        super().__init__(floor=False)
+        self.root = root.digest
+
+    def compiler(self, ir: KernelIR) -> TierResult | None:
+        self.seen["compiler"].append(ir.digest)
+        return TierResult("compiler", True, 1e-3 if ir.digest == self.root else 5e-4, "fake")
+
+
+def test_ties_are_broken_by_recipe_in_the_outcome_and_in_every_strategy(matmul_ir) -> None:
+    """One rule (`Funnel.rank_key`): equal scores are ordered by recipe, never by the order candidates were made."""
+    from pallasopt.search.evolve import evolve_search
+
+    f = funnel(matmul_ir, Tied(matmul_ir))
+    verified = f.evaluate(f.expand(f.root, (TilePass,), {"tile": 6}), None)
+    assert len(verified) >= 3 and len({f.key(n) for n in verified}) == 1
+    by_recipe = min(verified, key=lambda n: n.spec)
+    first_made = next(n for n in f.nodes.values() if n in verified)
+    assert first_made is not by_recipe  # else this test could not tell the two rules apart
+    assert f.outcome("done").best is by_recipe and verified[0] is by_recipe
+    f.nodes = dict(reversed(list(f.nodes.items())))  # the same candidates made in the other order
+    assert f.outcome("done").best is by_recipe
+
+    # evolve sorts its population by the same rule and returns its rank 0
+    cfg = SearchConfig(beam=3, depth=2, jobs=1, strategy="evolve")
+    out = evolve_search(matmul_ir, PASSES, Tied(matmul_ir), V5E, cfg)
+    tied = [n for n in out.nodes.values() if n.passed("check") and f.key(n) == 5e-4]
+    assert len(tied) >= 2 and out.best.spec == min(n.spec for n in tied)
+
+
+def test_metadata_is_resolved_once_per_module_and_edits_are_unchanged(matmul_ir, monkeypatch) -> None:
+    from pallasopt.ir import matchers
+
+    loc = matchers.Located.of(matmul_ir.module)
+    assert matchers.Located.of(matmul_ir.module) is loc  # the same module object: the same metadata
+    choices = TilePass.choices(matmul_ir, V5E)[:6]
+    cached = [c.apply(matmul_ir).source for c in choices]
+    monkeypatch.setattr(matchers, "LOCATED_CACHE", 0)  # resolved afresh for every edit, as before the cache
+    assert matchers.Located.of(matmul_ir.module) is not loc
+    assert [c.apply(matmul_ir).source for c in choices] == cached

@@ -4,8 +4,10 @@ An adapter over private interfaces (kept to this module and `_compile_worker`): 
 (`jax.experimental.topologies.get_topology_desc`), the libtpu flag ``--xla_jf_dump_static_llo_profile_to`` and the
 ``*_static_llo_profile.textproto`` files it writes, and the text of the compiled HLO module.
 
-Each compile runs in a fresh subprocess (``python -m pallasopt.cost_model._compile_worker``) with a timeout, so a
-slow or crashing libtpu cannot take the caller down. The environment changes (LIBTPU_INIT_ARGS, TPU_SKIP_MDS_QUERY,
+Each compile runs in a child process with a timeout, so a slow or crashing libtpu cannot take the caller down:
+a fresh one (``python -m pallasopt.cost_model._compile_worker``), or, given a `CompilePool`, a warm worker that
+imported JAX and libtpu once (`harness/warm.py`; the same `_compile_worker.run` answers, and a timeout or crash
+kills only that worker). The environment changes (LIBTPU_INIT_ARGS, TPU_SKIP_MDS_QUERY,
 ALLOW_MULTIPLE_LIBTPU_LOAD, JAX_PLATFORMS=cpu) are made in the child only, and ANTHROPIC_API_KEY is not passed on.
 
 What the estimate means (see /work/shared/FACTS.md): the static LLO profile models the on-core schedule (MXU, VPU,
@@ -31,7 +33,7 @@ from typing import Any
 
 from pallasopt.cost_model.hardware import Chip, get_chip
 
-__all__ = ["CompileReport", "compile_module", "libtpu_available", "parse_static_profile"]
+__all__ = ["CompilePool", "CompileReport", "compile_module", "libtpu_available", "parse_static_profile"]
 
 PROFILE_FLAG = "--xla_jf_dump_static_llo_profile_to"
 MOSAIC_TARGET = "tpu_custom_call"  # custom-call target of a Pallas TPU (Mosaic) kernel
@@ -60,7 +62,8 @@ class CompileReport:
       on a VMEM overflow, the size the compiler asked for.
     cost_analysis: ``compiled.cost_analysis()`` as sorted (key, value) pairs (XLA ops only; a Pallas call has
       figures only if it carries a `pl.CostEstimate`).
-    compile_s: wall time of the whole subprocess (JAX import + trace + lower + compile), what the caller paid.
+    compile_s: wall time the caller waited: a fresh child's whole life (JAX import + trace + lower + compile), or a
+      warm worker's request (trace + lower + compile).
     """
 
     ok: bool
@@ -213,6 +216,7 @@ def compile_module(
     steps_scale: float = 1.0,
     timeout_s: float = 120,
     dump_profile: bool = True,
+    pool: CompilePool | None = None,
 ) -> CompileReport:
     """Compile `entry` of a kernel module for one device of `target`'s TPU topology, without a TPU.
 
@@ -227,6 +231,9 @@ def compile_module(
     linear in the step count once a grid has >~100 steps. So the CALLER should pass reduced `dims` (same blocks,
     fewer steps) and ``steps_scale = full steps / reduced steps``; this function only multiplies:
     ``estimated_s = estimated_cycles / clock_hz * steps_scale`` (`estimated_cycles` stays the reduced program's).
+
+    `pool`: compile in one of its warm workers instead of a fresh child (same report; `compile_s` is then what
+    this call waited). The retry without the profile after libtpu crashed on it always runs in a fresh child.
     """
     chip = get_chip(target)
     t0 = time.perf_counter()
@@ -255,7 +262,11 @@ def compile_module(
             "dims": dict(dims),
             "topology": chip.topology,
         }
-        reply, stderr, rc = _run_child(request, _child_env(str(dump_dir) if profile else None), timeout_s)
+        if pool is not None:
+            reply, stderr, rc, profiles = pool.compile(request, profile, timeout_s)
+        else:
+            reply, stderr, rc = _run_child(request, _child_env(str(dump_dir) if profile else None), timeout_s)
+            profiles = _read_profiles(dump_dir) if profile and reply is not None else []
         note = None
         if dump_profile and not profile:
             note = f"no cycle estimate: libtpu's static profile fails on {chip.name}"
@@ -273,7 +284,7 @@ def compile_module(
             return report(ok=False, error=_crash_message(stderr, rc), error_kind="crash")
         if not reply.get("ok"):
             return _failure(reply, report)
-        return _success(chip, reply, _read_profiles(dump_dir) if profile else [], steps_scale, report, note)
+        return _success(chip, reply, profiles if profile else [], steps_scale, report, note)
 
 
 _Report = Callable[..., CompileReport]
@@ -321,3 +332,61 @@ def _success(
         xla_cycles=xla_cycles if profile else None,
         cost_analysis=cost,
     )
+
+
+class CompilePool:
+    """Warm compile workers (`harness/warm.py`) for `compile_module(pool=...)`: one `WarmPool` per profile setting
+    (libtpu reads its flags once per process). Each worker has its own profile folder, emptied before each request
+    and read after it. `close()` kills them all."""
+
+    HANDLER = "pallasopt.cost_model._compile_worker:run"
+
+    def __init__(self) -> None:
+        from ..harness.warm import WarmPool
+
+        self._pools = {profile: WarmPool(self.HANDLER, _ProfileEnv(profile)) for profile in (True, False)}
+
+    def compile(self, request: Mapping[str, Any], profile: bool, timeout_s: float) -> tuple[Any, str, int | None, Any]:
+        """(reply or None, stderr, returncode (None: timed out), the static profile read after the reply)."""
+        from ..lifeline import worker_code
+
+        pool = self._pools[profile]
+        worker = pool.acquire(timeout_s)
+        try:
+            dump = Path(_dump_dir(worker.folder))
+            for f in dump.glob("*"):
+                with contextlib.suppress(OSError):
+                    f.unlink()
+            reply, stderr, code = worker.call(request, timeout_s)
+            rc = None if code is None else worker_code(code)
+            profiles = _read_profiles(dump) if profile and reply is not None else []
+            return reply, stderr, rc, profiles
+        finally:
+            pool.release(worker)
+
+    def workers(self) -> list[int]:
+        """Process ids of the live workers (their guards)."""
+        return [pid for pool in self._pools.values() for pid in pool.pids()]
+
+    def started(self) -> int:
+        return sum(pool.started for pool in self._pools.values())
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+
+
+class _ProfileEnv:
+    """A warm compile worker's environment: with libtpu's profile dumped into its own folder, or without it."""
+
+    def __init__(self, profile: bool) -> None:
+        self.profile = profile
+
+    def __call__(self, folder: Path) -> dict[str, str]:
+        return _child_env(_dump_dir(folder) if self.profile else None)
+
+
+def _dump_dir(folder: Path) -> str:
+    dump = folder / "profile"
+    dump.mkdir(parents=True, exist_ok=True)
+    return str(dump)

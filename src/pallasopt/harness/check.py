@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .subproc import run_child
+from .subproc import ChildResult, run_child
+from .warm import WarmPool
 
 # Bump when the oracle gets stricter: a cached verdict of an older oracle must not be reused (search/cached.py keys
 # check results by seeds today; it should add this). 2: issue 17 (pipelining rules, exact coverage, wide dims, grid
@@ -78,15 +80,21 @@ def check(
     seeds: Sequence[int] = DEFAULT_SEEDS,
     dims: Mapping[str, int] | None = None,
     timeout_s: float = 300.0,
+    pool: WarmPool | None = None,
 ) -> CheckResult:
     """Run the module's entry in interpret mode against its reference on fresh inputs for each seed.
 
     Never raises for the kernel's faults: a wrong answer, a NaN, a race, a crash or a hang is a `CheckResult`.
+    `pool` (`check_pool()`): run it in a warm worker instead of a fresh child (the same verdict; `wall_s` is what
+    this call waited). A timeout or crash there kills only that worker.
     """
     if len(seeds) < 2:
         raise ValueError("the oracle needs at least two seeds")
     request = {"op": "check", "source": source, "path": path, "seeds": list(seeds), "dims": dict(dims or {})}
-    child = run_child("pallasopt.harness.worker", request, timeout_s=timeout_s)
+    if pool is not None:
+        child = _warm_child(pool, request, timeout_s)
+    else:
+        child = run_child("pallasopt.harness.worker", request, timeout_s=timeout_s)
     if child.reply is None:
         return CheckResult(ok=False, status=child.status, message=child.message, wall_s=child.wall_s)
     return CheckResult.from_dict({"wall_s": child.wall_s, **child.reply})
@@ -101,3 +109,36 @@ def check_many(
     if child.reply is None:
         return [CheckResult(ok=False, status=child.status, message=child.message) for _ in sources]
     return [CheckResult.from_dict(r) for r in child.reply["results"]]
+
+
+CHECK_WORKER_REQUESTS = 20  # checks one warm worker runs before a fresh one replaces it (bounds JAX's caches)
+
+
+def check_pool() -> WarmPool:
+    """Warm check workers: `harness.worker.handle` in a child with the same environment and memory limit as the
+    fresh check child's (`run_child`)."""
+    from ..config import child_env, read_env
+
+    return WarmPool(
+        "pallasopt.harness.worker:handle",
+        lambda _folder: child_env(None),
+        limit_memory=True,
+        max_requests=CHECK_WORKER_REQUESTS,
+        python=read_env().python or "",
+    )
+
+
+def _warm_child(pool: WarmPool, request: Mapping[str, Any], timeout_s: float) -> ChildResult:
+    """`run_child`'s answer, from a warm worker."""
+    from ..lifeline import describe_exit
+
+    start = time.perf_counter()
+    reply, err, code = pool.call(request, timeout_s)
+    wall = time.perf_counter() - start
+    if reply is not None:
+        return ChildResult(reply, "ok", "", wall, 0)
+    if code is None:
+        return ChildResult(None, "timeout", f"timed out after {timeout_s:.0f} s", wall, None)
+    tail = "\n".join(err.strip().splitlines()[-5:])
+    message = f"evaluation process died ({describe_exit(code)})" + (f": {tail}" if tail else "")
+    return ChildResult(None, "crash", message, wall, code)

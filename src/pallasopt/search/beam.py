@@ -67,7 +67,7 @@ def beam_search(
         last = depth == config.depth
         ranked = f.rank(children, config.beam, min(worst_kept, best_time) if last else worst_kept)
         verified = _checked(f, ranked, config.beam, worst_kept, best_time, last)
-        beam = sorted({n.digest: n for n in beam + verified}.values(), key=lambda n: (f.key(n), n.spec))[: config.beam]
+        beam = sorted({n.digest: n for n in beam + verified}.values(), key=f.rank_key)[: config.beam]
         new_best = f.key(beam[0])
         f.say("depth", {"depth": depth, "best": beam[0], "time_s": new_best, "tier": f.score_tier})
         if f.cut:
@@ -97,7 +97,7 @@ def _checked(f: Funnel, ranked: list[Node], want: int, worst_kept: float, best_t
     new_best = min([best_time] + [f.key(c) for c in verified])
     if not last and not new_best > best_time * 0.99:  # the search goes on: the beam must be the full funnel's
         more = f.check(rest, want - len(verified), worst_kept, max_checks=2 * want - done)
-        return sorted(verified + more, key=lambda c: (f.key(c), c.spec))
+        return sorted(verified + more, key=f.rank_key)
     why = "the last depth" if last else "the best improved by under 1%, so the search stops here"
     # the ones the full funnel would have checked if each passed
     for c in rest[: max(0, min(want - len(verified), 2 * want - done))]:

@@ -67,7 +67,7 @@ def mutate(f: Funnel, member: Node, passes: Sequence[type[Pass]], rng: random.Ra
 def tournament(f: Funnel, population: Sequence[Node], rng: random.Random) -> Node:
     """Two members at random; the faster one (ties by recipe)."""
     x, y = rng.choice(population), rng.choice(population)
-    return min(x, y, key=lambda n: (f.key(n), n.spec))
+    return min(x, y, key=f.rank_key)
 
 
 def crossover(f: Funnel, a: Node, b: Node, rng: random.Random) -> Node | None:
@@ -98,7 +98,7 @@ def restore(f: Funnel, evaluator: Evaluator) -> tuple[list[Node], int]:
     if not alive:
         return [f.root], 0
     f.say("restored", {"generation": generation, "members": len(alive)})
-    return sorted(alive, key=lambda n: (f.key(n), n.spec)), generation
+    return sorted(alive, key=f.rank_key), generation
 
 
 def evolve_search(
@@ -141,7 +141,7 @@ def evolve_search(
         worst = max(f.key(n) for n in population) if len(population) >= config.beam else float("inf")
         verified = f.evaluate(offspring.values(), config.beam, worst)
         merged = {n.digest: n for n in population + verified}.values()
-        population = sorted(merged, key=lambda n: (f.key(n), n.spec))[: config.beam]
+        population = sorted(merged, key=f.rank_key)[: config.beam]
         if callable(record) and population[0].ir is not None:
             record(gen, [n.ir for n in population if n.ir is not None])
         f.say("depth", {"depth": gen, "best": population[0], "time_s": f.key(population[0]), "tier": f.score_tier})

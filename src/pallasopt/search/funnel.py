@@ -83,6 +83,12 @@ class Funnel:
         s = score_of(n, self.score_tier)
         return s.time_s if s else float("inf")
 
+    def rank_key(self, n: Node) -> tuple[float, str]:
+        """THE order of candidates in every strategy and in the outcome: time at the ranking tier, ties broken by
+        the recipe (`Node.spec`; the baseline's "(baseline)" sorts before every recipe, so a tie keeps it). Never by
+        creation or answer order, so the result does not depend on thread timing or on which strategy made it."""
+        return (self.key(n), n.spec)
+
     # -- the baseline -----------------------------------------------------------------------------------------------
     def _baseline(self) -> None:
         root = self.root
@@ -242,7 +248,7 @@ class Funnel:
                     c.results["compiler"] = r
                     self.evaluations += 1
             alive = [c for c in alive if c.passed("compiler")]
-        return sorted(alive, key=lambda n: (self.key(n), n.spec))
+        return sorted(alive, key=self.rank_key)
 
     def _skip_compile(self, c: Node, bar: float) -> bool:
         """Whether `c`'s compile cannot change the result: the compiler ranks, and its answer would be >= `bar`
@@ -304,7 +310,7 @@ class Funnel:
                     self.evaluations += 1
                 timed.append(c)
             verified = [c for c in timed if c.passed("hardware")]
-        return sorted(verified, key=lambda n: (self.key(n), n.spec))
+        return sorted(verified, key=self.rank_key)
 
     def restore(self, nodes: Sequence[Node]) -> None:
         """Every tier a search had run on `nodes` before it was interrupted, run again: with the kernel DB's
@@ -413,12 +419,12 @@ class Funnel:
     def verified(self) -> list[Node]:
         """Every node that passed its check and has a time at the ranking tier, best first."""
         ok = [n for n in self.nodes.values() if n.passed("check") and score_of(n, self.score_tier)]
-        return sorted(ok, key=lambda n: (self.key(n), n.spec))
+        return sorted(ok, key=self.rank_key)
 
     def outcome(self, stop: str, strategy: str = "beam") -> SearchOutcome:
         best = min(
             (n for n in self.nodes.values() if n.passed("check") and score_of(n, self.score_tier)),
-            key=self.key,
+            key=self.rank_key,
             default=self.root,
         )
         return SearchOutcome(

@@ -67,7 +67,7 @@ def random_search(
             stop = "no applicable pass"
             break
         f.evaluate(batch.values(), config.beam, prune=len(batch))
-        best = min(f.verified() or [f.root], key=f.key)
+        best = min(f.verified() or [f.root], key=f.rank_key)
         f.say("depth", {"depth": rnd, "best": best, "time_s": f.key(best), "tier": f.score_tier})
         if f.cut:
             stop = "budget"

@@ -180,7 +180,8 @@ class Tiers:
         from ..executors.local import LocalExecutor
 
         self.chip = chip
-        self.executor: Executor = executor or LocalExecutor()
+        # Without one given (a one-off compile), fresh children: nobody would close a warm pool.
+        self.executor: Executor = executor or LocalExecutor(warm=False)
         self.compile_timeout_s = compile_timeout_s
         self.compiler_off = _compiler_off(use_compiler, chip)
         self.use_compiler = self.compiler_off is None
