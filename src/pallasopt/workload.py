@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import KernelError
+from .pyparse import parse_module
 
 RESERVED = ("reference", "make_inputs", "hand_tuned")
 BUILTIN_NAMES = frozenset(dir(builtins))
@@ -143,7 +144,7 @@ def _pick_entry(path: str, funcs: Mapping[str, ast.AST], reach: set[str]) -> str
 def inspect_source(source: str, path: str) -> ModuleSpec:
     """Read a kernel module without running it; raise `KernelError` naming the file and line of any problem."""
     try:
-        tree = ast.parse(source, filename=path)
+        tree = parse_module(source, filename=path)
     except SyntaxError as e:
         raise KernelError(
             f"syntax error: {e.msg}", path=path, line=e.lineno, hint="fix the Python syntax and retry"

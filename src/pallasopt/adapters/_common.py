@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import KernelError, short
+from ..pyparse import parse_module
 from ..workload import user_line
 
 Signature = tuple[tuple[Any, ...], ...]
@@ -327,7 +328,7 @@ def wrap_dim_sites(source: str, sites: list[tuple[int, int, int, str]]) -> str:
 
 def _parse(source: str, path: str) -> ast.Module:
     try:
-        return ast.parse(source, filename=path)
+        return parse_module(source, filename=path)
     except SyntaxError as e:
         raise KernelError(f"syntax error: {e.msg}", path=path, line=e.lineno, hint="fix the Python syntax") from None
 
@@ -475,7 +476,7 @@ def _survey(bridge: _Bridge, source: str, builder: str, notes: list[str]) -> int
         jax.eval_shape(bridge.reference, *structs)
     except Exception as e:
         notes.append(f"the reference does not trace at the default dims: {type(e).__name__}: {short(e, 120)}")
-    calls = (n.func for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call))
+    calls = (n.func for n in ast.walk(parse_module(source)) if isinstance(n, ast.Call))
     if any(
         (isinstance(f, ast.Attribute) and f.attr == "pallas_call")
         or (isinstance(f, ast.Name) and f.id == "pallas_call")

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import KernelError
+from ..pyparse import parse_module
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.S | re.M)
 
@@ -29,7 +30,7 @@ class KernelCode:
 def _parse(text: str) -> ast.Module | SyntaxError:
     """The module, or why it does not parse (a null byte counts as a syntax error)."""
     try:
-        return ast.parse(text)
+        return parse_module(text)
     except SyntaxError as e:
         return e
     except ValueError as e:
@@ -123,7 +124,7 @@ def _dotted(node: ast.AST) -> str | None:
 
 def find_drift(code: str) -> tuple[Drift, ...]:
     """Attributes of the Pallas modules the code uses that the installed JAX does not have."""
-    tree = ast.parse(code)
+    tree = parse_module(code)
     aliases = _aliases(tree)
     found: list[Drift] = []
     for node in ast.walk(tree):

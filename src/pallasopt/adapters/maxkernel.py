@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KernelError
+from ..pyparse import parse_module
 from ..workload import exec_module, read_file
 from ._common import (
     DIMS_GLOBAL,
@@ -67,7 +68,7 @@ def load_maxkernel(
 
 def _defines_computation(path: Path) -> bool:
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parse_module(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
         return False
     return "computation" in _top_names(tree)

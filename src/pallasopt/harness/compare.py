@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelError
+from ..pyparse import parse_module
 
 # Default tolerance by output dtype (rtol, atol as a fraction of the output's largest |ref|). Differences come from
 # accumulation order and transcendental implementations, never from dropped work, so these stay tight.
@@ -45,7 +46,7 @@ class OutputReport:
 
 def _tolerance_line(source: str) -> int | None:
     try:
-        tree = ast.parse(source)
+        tree = parse_module(source)
     except SyntaxError:
         return None
     for node in tree.body:

@@ -11,6 +11,7 @@ from pathlib import Path
 import libcst as cst
 
 from ..errors import KernelError
+from ..pyparse import parse_module
 from ..workload import Workload, load_source, read_file
 from .facts import CallFacts
 from .trace import trace_calls
@@ -19,7 +20,7 @@ from .trace import trace_calls
 def source_digest(source: str) -> str:
     """Digest of the code's meaning, not its formatting: equal for sources that differ only in layout/comments."""
     try:
-        text = ast.dump(ast.parse(source), annotate_fields=False, include_attributes=False)
+        text = ast.dump(parse_module(source), annotate_fields=False, include_attributes=False)
     except SyntaxError:
         text = source
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -19,6 +19,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from ..pyparse import parse_expression
 from .matchers import code
 
 Term = tuple[int, str]  # (sign, source text)
@@ -328,7 +329,7 @@ def static_value(text: str, namespace: Mapping[str, Any]) -> Any:
     """The value of a constant expression (literals, module names and their attributes, + - * //, unary minus)
     in a loaded module's namespace, without running code; None when it is anything else."""
     try:
-        tree = ast.parse(text.strip(), mode="eval").body
+        tree = parse_expression(text.strip()).body
     except SyntaxError:
         return None
 

@@ -20,6 +20,7 @@ from ..harness.subproc import run_child
 from ..ir import facts as facts_module
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR, parse_cst
+from ..pyparse import parse_module
 from ..workload import inspect_source
 
 TRACE_TIMEOUT_S = 180.0
@@ -64,7 +65,7 @@ def ir_from_source_isolated(
 
 def static_dims(source: str) -> dict[str, int]:
     """The integer defaults of `make_inputs`'s keyword parameters, read with `ast` (constant expressions only)."""
-    tree = ast.parse(source)
+    tree = parse_module(source)
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "make_inputs"), None)
     if fn is None:
         return {}

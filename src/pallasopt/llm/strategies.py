@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
+from ..pyparse import parse_module
 
 REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin"})
 LANES = 128
@@ -82,7 +83,7 @@ def _online_softmax(ir: KernelIR) -> bool:
 def _wrapper_ops(ir: KernelIR) -> int:
     """How many jnp / jax.nn / lax calls or `.astype` the entry itself makes outside its pallas_call arguments."""
     try:
-        tree = ast.parse(ir.source)
+        tree = parse_module(ir.source)
     except SyntaxError:
         return 0
     entry = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == ir.entry), None)

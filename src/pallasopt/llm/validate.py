@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import KernelError
+from ..pyparse import parse_module
 from ..workload import inspect_source
 
 PROTECTED = ("reference", "make_inputs", "hand_tuned", "TOLERANCE", "CHECK_DIMS", "ENTRY", "OVERFLOW_CHECK")
@@ -83,10 +84,10 @@ def extract_module(reply: str) -> str:
 def validate(original: str, candidate: str, path: str) -> tuple[str, ...]:
     """Every reason to reject `candidate` as a rewrite of `original` (empty when it may be traced and checked)."""
     try:
-        new_tree = ast.parse(candidate, filename=path)
+        new_tree = parse_module(candidate, filename=path)
     except SyntaxError as e:
         return (f"syntax error at line {e.lineno}: {e.msg}",)
-    old_tree = ast.parse(original, filename=path)
+    old_tree = parse_module(original, filename=path)
     reasons: list[str] = []
     reasons += _protected_unchanged(original, old_tree, candidate, new_tree, inspect_source(original, path).entry)
     reasons += _entry_ok(original, candidate, path, new_tree)

@@ -359,13 +359,21 @@ class Funnel:
         here, on the driver, where the cached evaluator writes each to the DB in its own transaction."""
         ev, s = self.evaluator, seeds or self.seeds
 
-        def fn(n: Node) -> TierResult | None:
+        def run(n: Node) -> TierResult | None:
             ir = _ir(n)
             if tier == "compiler":
                 return self.ledger.timed("compiler", ev.compiler, ir)
             if tier == "check":
                 return self.ledger.timed("check", ev.check, ir, s, **self.until)
             return self.ledger.timed("hardware", ev.hardware, ir)
+
+        def fn(n: Node) -> TierResult | None:
+            # A bug met while evaluating one candidate fails that candidate, never the search (nothing is written to
+            # the DB for it, so a later run tries it again); the message keeps the error for the report.
+            try:
+                return run(n)
+            except Exception as e:
+                return TierResult(tier, False, None, f"internal error: {type(e).__name__}: {e}", {"status": "internal"})
 
         if tier not in ("compiler", "check", "hardware"):
             raise ValueError(f"no such dispatched tier {tier!r}")
