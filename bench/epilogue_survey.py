@@ -3,7 +3,8 @@
     python bench/epilogue_survey.py --jaxbench /work/ext/aryatschand+JAXBench [--models gemini3,gpt53]
         [--modules /tmp/epi_survey] [--check] [--label before] [--out-dir bench/results/jaxbench]
 
-Each kernel in `pallas_eval/generated/<model>/...` (every task, not only those the suite marks correct) is imported
+Each kernel in `pallas_eval/generated/<model>/...` (every task, not only those the suite marks correct; model `suite`:
+the suite's own benchmark/*/optimized.py and priority_kernels) is imported
 through `pallasopt import` (`--fix-api`; modules cached under `--modules`), traced, and for every pallas_call the
 pass is applied (`EpiloguePass(call=i).apply`: planned, rewritten, re-traced): the row says `applies` or the decline
 reason. With `--check` every application is checked by the interpret-mode oracle (fresh inputs, seeds 0 and 1 at
@@ -28,7 +29,10 @@ from pallasopt.ir.kernel_ir import KernelIR
 from pallasopt.passes.epilogue import EpiloguePass
 
 BUCKETS = [  # (label, pattern on the decline reason): how the table groups reasons
-    ("returned as it is (by the entry or a helper)", r"returns it as it is"),
+    ("returned as it is by a method (KernelBench's Model.forward: no epilogue outside the kernel)", r"^the method"),
+    ("the helper's caller: no epilogue to take (reason per row)", r"^the caller of"),
+    ("returned as it is (by the entry or a helper)", r"returns it as it is|returns the call's value as it is"),
+    ("helper with several returns", r"several returns"),
     ("reshape after the call", r"reshape"),
     ("control flow (if/for/with)", r"nested block"),
     ("reduction after the call", r"jnp\.(sum|mean|max|min)|lax\.(psum|reduce)"),
@@ -75,7 +79,7 @@ def survey_module(path: Path, check: bool) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jaxbench", default="/work/ext/aryatschand+JAXBench")
-    ap.add_argument("--models", default="gemini3,gpt53")
+    ap.add_argument("--models", default="gemini3,gpt53", help="generated/<model> folders; `suite`: the suite's own")
     ap.add_argument("--modules", default="/tmp/epi_survey", help="where imported modules are written (cached)")
     ap.add_argument("--check", action="store_true", help="check every application in interpret mode")
     ap.add_argument("--only", default="", help="regex on the task name")
@@ -86,7 +90,8 @@ def main() -> None:
     out: list[dict[str, Any]] = []
     start = time.perf_counter()
     for model in args.models.split(","):
-        tasks = [t for t in jaxbench_tasks(root, model, all_generated=True) if re.search(args.only, t.name)]
+        found = jaxbench_tasks(root, None) if model == "suite" else jaxbench_tasks(root, model, all_generated=True)
+        tasks = [t for t in found if re.search(args.only, t.name)]
         mdir = Path(args.modules) / model
         todo = [t for t in tasks if not (mdir / f"{t.name}.py").is_file() and not (mdir / f"{t.name}.error").is_file()]
         for i in import_tasks(todo, mdir, fix_api=True):

@@ -87,10 +87,13 @@ def sink_into_helper(loc: Located, apply: cst.Call, occurrence: int = 0, traced:
     module = loc.wrapper.module
     helper = follow(loc, apply).fn
     name = helper.name.value
-    check(
-        loc.parent(helper) is module,
-        f"{name} returns the call's value as it is and is not a module-level function: no caller's epilogue to take",
-    )
+    if loc.parent(helper) is not module:
+        owner = loc.parent(loc.parent(helper) or helper)
+        where = f"method {owner.name.value}.{name}" if isinstance(owner, cst.ClassDef) else f"nested function {name}"
+        check(
+            False,
+            f"the {where} returns the call's value as it is (callers of methods and nested functions are not followed)",
+        )
     returns = [r for r in m.findall(helper, m.Return()) if isinstance(r, cst.Return)]
     body = helper.body
     assert isinstance(body, cst.IndentedBlock)
