@@ -83,6 +83,7 @@ def main() -> None:
     ap.add_argument("--modules", default="/tmp/epi_survey", help="where imported modules are written (cached)")
     ap.add_argument("--check", action="store_true", help="check every application in interpret mode")
     ap.add_argument("--only", default="", help="regex on the task name")
+    ap.add_argument("--cached-only", action="store_true", help="survey only the modules already imported")
     ap.add_argument("--label", default="now")
     ap.add_argument("--out-dir", default="bench/results/jaxbench")
     args = ap.parse_args()
@@ -94,6 +95,9 @@ def main() -> None:
         tasks = [t for t in found if re.search(args.only, t.name)]
         mdir = Path(args.modules) / model
         todo = [t for t in tasks if not (mdir / f"{t.name}.py").is_file() and not (mdir / f"{t.name}.error").is_file()]
+        if args.cached_only:  # only the tasks an earlier run imported (a partial survey: the table says so)
+            tasks = [t for t in tasks if t not in todo]
+            todo = []
         for i in import_tasks(todo, mdir, fix_api=True):
             if i.error:
                 (mdir / f"{i.task.name}.error").write_text(i.error, encoding="utf-8")
