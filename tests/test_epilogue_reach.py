@@ -50,6 +50,13 @@ def test_the_call_whose_caller_returns_it_as_it_is_declines() -> None:
         EpiloguePass(call=1).apply(load("helper_shared"))
 
 
+def test_a_method_returning_the_call_declines() -> None:
+    ir = load("method_return")
+    assert EpiloguePass.choices(ir, V5E) == ()
+    with pytest.raises(PassNotApplicable, match=r"the method Model.forward returns the call's value as it is"):
+        EpiloguePass(call=0).apply(ir)
+
+
 def test_an_epilogue_after_a_reshape_reads_its_operands_in_the_output_layout() -> None:
     ir = load("reshape_bias")
     assert EpiloguePass.choices(ir, V5E) == (EpiloguePass(call=0),)
