@@ -63,7 +63,7 @@ def test_cast_and_residual_in_one_expression_with_grid_spec() -> None:
     ("call", "why"),
     [
         (0, "passed to jnp.sum, which is not an elementwise function"),
-        (1, "the wrapper reads its .reshape"),
+        (1, "its value t is not read by the next statement"),  # reshaped, then used as it is
         (2, "y is read again after the next statement"),
     ],
 )

@@ -115,3 +115,15 @@ def test_fused_kernels_match_the_reference(name: str, recipes: list[str]) -> Non
     checked = check_many([r.source for r in results], str(KERNELS / f"{name}.py"))
     bad = [(r.recipe, c.message) for r, c in zip(results, checked, strict=True) if not c.ok]
     assert not bad, bad
+
+
+def test_fuse_after_online_softmax_keeps_the_producers_blocks_in_names() -> None:
+    """The producer's blocks `(tm, K)` read the wrapper's names: the fused call (in the same function) keeps them,
+    so it is right at CHECK_DIMS too (written as the traced (128, 512) it failed the oracle there)."""
+    ir = load("matmul_lse_local_blocks")
+    new = run(ir, "online-softmax{call=1,chunk=128},fuse{producer=0}")
+    assert len(new.calls) == 1
+    assert "in_specs=[pl.BlockSpec((tm, K), lambda g0, g1: (g0, 0)), pl.BlockSpec((K, tn)," in new.source
+    assert "pltpu.VMEM((tm, tn), jnp.float32)" in new.source
+    (checked,) = check_many([new.source], str(KERNELS / "matmul_lse_local_blocks.py"), seeds=(0, 1))
+    assert checked.ok, checked.message

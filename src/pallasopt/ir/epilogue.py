@@ -90,12 +90,19 @@ class Region:
 
 @dataclass(frozen=True)
 class Epilogue:
-    """The elementwise work after a pallas_call's application, statement `first` of function `fn`'s body on."""
+    """The elementwise work after a pallas_call's application, statement `first` of function `fn`'s body on.
+
+    `reshape` is the wrapper's reshape of the call's result when the chain goes through one (it stays in the
+    wrapper); the regions from `after_reshape` on act on the reshaped value, and the operands flagged in
+    `relayout` are read only there (they must be brought to the call's output layout)."""
 
     fn: cst.FunctionDef
     first: int
     regions: tuple[Region, ...]
     operands: tuple[cst.BaseExpression, ...]  # leaves computed in the wrapper: they become kernel inputs (distinct)
+    reshape: cst.Call | None = None
+    after_reshape: int = 0
+    relayout: tuple[bool, ...] = ()
 
 
 def elementwise_functions(module: cst.Module) -> frozenset[str]:
@@ -186,10 +193,36 @@ def _name_uses(stmt: cst.CSTNode, name: str) -> tuple[cst.BaseExpression, ...]:
     return tuple(n for n in m.findall(stmt, m.Name(name)) if isinstance(n, cst.Name) and n not in targets)
 
 
-def find_epilogue(loc: Located, apply: cst.Call) -> Epilogue:
-    """The elementwise work the wrapper does on the result of `apply` (a pallas_call's application), following
-    `y = ...; z = f(y); return g(z)` chains while each value is read by the next statement only; declines with the
-    reason when there is none."""
+def reshape_of(loc: Located, node: cst.BaseExpression) -> cst.Call | None:
+    """The `node.reshape(...)` / `jnp.reshape(node, ...)` call right above `node`, if any."""
+    parent = loc.parent(node)
+    if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value == "reshape":
+        call = loc.parent(parent)
+        return call if isinstance(call, cst.Call) and call.func is parent else None
+    jnp = module_alias(loc.wrapper.module, "jax.numpy")
+    if isinstance(parent, cst.Arg) and parent.keyword is None and not parent.star and jnp is not None:
+        call = loc.parent(parent)
+        if isinstance(call, cst.Call) and code(call.func) == f"{jnp}.reshape" and call.args[0] is parent:
+            return call
+    return None
+
+
+@dataclass(frozen=True)
+class Chain:
+    """How far the wrapper's elementwise work on a call's result goes (see `find_epilogue`)."""
+
+    fn: cst.FunctionDef
+    first: int
+    regions: tuple[Region, ...]
+    why: str  # why it stops there
+    returned: bool  # the value (through names and an optional reshape, no elementwise work) is returned as it is
+    reshape: cst.Call | None
+    after_reshape: int
+
+
+def follow(loc: Located, apply: cst.Call) -> Chain:
+    """The chain of statements doing elementwise work on `apply`'s value (`y = ...; z = f(y); return g(z)`), each
+    value read by the next statement only; one reshape of the value itself may sit in the chain."""
     fns = elementwise_functions(loc.wrapper.module)
     fn = _function_of(loc, apply)
     body = fn.body
@@ -202,11 +235,19 @@ def find_epilogue(loc: Located, apply: cst.Call) -> Epilogue:
     regions: list[Region] = []
     uses: tuple[cst.BaseExpression, ...] = (apply,)
     why = ""
+    reshape: cst.Call | None = None
+    after = 0
+    returned = False
     while True:
+        r = reshape_of(loc, uses[0]) if len(uses) == 1 else None
+        if r is not None and reshape is None:
+            reshape, after, uses = r, len(regions), (r,)
         top, why = _climb(loc, uses, fns)
         target = _assigned(loc, top)
         if top is not uses[0] or len(uses) > 1:
             regions.append(Region(k, top, uses, target))
+        elif not regions and isinstance(loc.parent(top), cst.Return):
+            returned = True
         if target is None or k + 1 >= len(stmts):
             break
         nxt = stmts[k + 1]
@@ -220,9 +261,19 @@ def find_epilogue(loc: Located, apply: cst.Call) -> Epilogue:
             why = f"{target} is read again after the next statement"
             break
         uses, k = reads, k + 1
-    if not regions:
-        check(False, f"no elementwise work on the call's result in the wrapper: {why}")
-    return Epilogue(fn, stmts.index(first), tuple(regions), _operands(loc, fn, regions))  # type: ignore[arg-type]
+    return Chain(fn, stmts.index(first), tuple(regions), why, returned, reshape, after)  # type: ignore[arg-type]
+
+
+def find_epilogue(loc: Located, apply: cst.Call) -> Epilogue:
+    """The elementwise work the wrapper does on the result of `apply` (a pallas_call's application), following
+    `y = ...; z = f(y); return g(z)` chains while each value is read by the next statement only; declines with the
+    reason when there is none."""
+    c = follow(loc, apply)
+    if not c.regions:
+        check(False, f"no elementwise work on the call's result in the wrapper: {c.why}")
+    regions = list(c.regions)
+    ops, relayout = _operands(loc, c.fn, regions, c.after_reshape if c.reshape is not None else len(regions))
+    return Epilogue(c.fn, c.first, c.regions, ops, c.reshape, c.after_reshape, relayout)
 
 
 def _function_of(loc: Located, node: cst.CSTNode) -> cst.FunctionDef:
@@ -278,16 +329,23 @@ def leaves(loc: Located, top: cst.BaseExpression, uses: tuple[cst.BaseExpression
     return out
 
 
-def _operands(loc: Located, fn: cst.FunctionDef, regions: list[Region]) -> tuple[cst.BaseExpression, ...]:
+def _operands(
+    loc: Located, fn: cst.FunctionDef, regions: list[Region], after: int
+) -> tuple[tuple[cst.BaseExpression, ...], tuple[bool, ...]]:
+    """The distinct non-static leaves, and for each whether it is read after the reshape (regions `after` on)."""
     module_level = module_names(loc.wrapper.module)
     local = bound_names(fn.body) | {p.name.value for p in fn.params.params}
     seen: dict[str, cst.BaseExpression] = {}
-    for r in regions:
+    side: dict[str, bool] = {}
+    for i, r in enumerate(regions):
         for leaf in leaves(loc, r.top, r.uses):
             if not static_leaf(leaf, module_level, local):
                 check(
                     not m.findall(leaf, m.Call(func=m.Call())),
                     f"the epilogue reads another call's result: {code(leaf)}",
                 )
-                seen.setdefault(code(leaf), leaf)
-    return tuple(seen.values())
+                key = code(leaf)
+                check(side.get(key, i >= after) == (i >= after), f"{key} is read both before and after the reshape")
+                seen.setdefault(key, leaf)
+                side[key] = i >= after
+    return tuple(seen.values()), tuple(side[k] for k in seen)

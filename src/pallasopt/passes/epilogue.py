@@ -13,7 +13,8 @@ from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import affine_results, fresh_name, substitute
 from ..ir.cst_edit import ensure_pltpu, list_like, replace_many, set_keyword
-from ..ir.epilogue import Epilogue, find_epilogue, leaves
+from ..ir.epilogue import Epilogue, find_epilogue, follow, leaves
+from ..ir.epilogue_reach import OperandLayout, Sunk, sink_into_helper, to_output_layout
 from ..ir.facts import CallFacts, Operand
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
@@ -59,10 +60,19 @@ class EpiloguePass(Pass):
     @classmethod
     def choices(cls, ir: KernelIR, chip: Chip) -> tuple[Pass, ...]:
         out: list[Pass] = []
+        seen: set[tuple[int, int] | None] = set()
         for c in ir.calls:
             try:
                 _plan(ir, c)
-            except (PassNotApplicable, KernelError):
+                if c.span in seen:  # the same pallas_call traced again: the same rewrite
+                    continue
+                seen.add(c.span)
+            except PassNotApplicable as e:
+                try:  # the call's value returned by a helper whose caller has an epilogue (CST only, no trace)
+                    _sink_plan(ir, c, e)
+                except (PassNotApplicable, KernelError):
+                    continue
+            except KernelError:
                 continue
             out.append(cls(call=c.index))
         return tuple(out)
@@ -70,16 +80,78 @@ class EpiloguePass(Pass):
     def apply(self, ir: KernelIR) -> KernelIR:
         check(0 <= self.call < len(ir.calls), f"no pallas_call #{self.call}")
         facts = ir.calls[self.call]
-        plan = _plan(ir, facts)
+        base, plan = ir, None
+        try:
+            plan = _plan(ir, facts)
+        except PassNotApplicable as e:
+            sunk = _sunk(ir, facts, e)  # the call's value is returned by a helper: its caller's epilogue moves in
+            base, facts, plan = sunk
         try:  # first with the operands unblocked (memory_space=ANY) to learn their traced shapes
-            probe = ir.with_module(_rewrite(ir, facts, plan, None), self.spec())
+            probe = base.with_module(_rewrite(base, facts, plan, None), self.spec())
             n = len(facts.inputs)
-            shapes = [o.shape for o in probe.calls[self.call].inputs[n : n + len(plan.operands)]]
-            new = ir.with_module(_rewrite(ir, facts, plan, shapes), self.spec())
+            got = [o.shape for o in probe.calls[facts.index].inputs[n : n + len(plan.operands) + 1]]
+            reshaped = got[len(plan.operands)] if plan.reshape is not None else None
+            out_text = _out_shape_text(base, facts)
+            layouts = [
+                to_output_layout(name, code(op), got[k], reshaped, facts.outputs[0].shape, out_text, _jnp(base))
+                if plan.relayout[k]
+                else OperandLayout((), got[k])
+                for k, (name, op) in enumerate(zip(_operand_names(base, plan), plan.operands, strict=True))
+            ]
+            new = ir.with_module(_rewrite(base, facts, plan, layouts), self.spec())
         except KernelError as e:  # a rewrite this pass got wrong: decline with why, the search goes on
             raise PassNotApplicable(f"the rewritten module does not trace: {e.message}") from None
         _verify(ir, new, facts)
         return new
+
+
+def _sunk(ir: KernelIR, facts: CallFacts, declined: PassNotApplicable) -> tuple[KernelIR, CallFacts, Epilogue]:
+    """When the call's value is returned as it is by a helper, the module with its caller's epilogue moved into
+    the helper (or into a copy for that call site), re-traced, with the call and plan there; else `declined`."""
+    moved = _sink_plan(ir, facts, declined)
+    try:
+        mid = ir.with_module(moved.module, "epilogue-sink")
+    except KernelError as e:
+        raise PassNotApplicable(
+            f"the caller's epilogue moved into {moved.helper} does not trace: {e.message}"
+        ) from None
+    check(len(mid.calls) == len(ir.calls), "moving the caller's epilogue into the helper changes the calls traced")
+    mloc = Located.of(mid.module)
+    helper = next(f for f in mid.module.body if isinstance(f, cst.FunctionDef) and f.name.value == moved.helper)
+    lo, hi = mloc.start(helper)[0], mloc.end_line(helper)
+    inside = [c for c in mid.calls if c.span is not None and lo <= c.span[0] <= hi]
+    check(bool(inside), f"no traced call comes from {moved.helper} after moving the caller's epilogue")
+    return mid, inside[0], _plan(mid, inside[0])
+
+
+def _sink_plan(ir: KernelIR, facts: CallFacts, declined: PassNotApplicable) -> Sunk:
+    """The module with the caller's epilogue moved into the helper returning the call's value, else `declined`."""
+    loc = Located.of(ir.module)
+    try:
+        node = find_call_node(loc, facts)
+        site = call_site(loc, node)
+    except PassNotApplicable:
+        raise declined from None
+    if site is None or not follow(loc, site.apply).returned:
+        raise declined
+    same = [c.index for c in ir.calls if c.span == facts.span]
+    return sink_into_helper(loc, site.apply, same.index(facts.index), len(same))
+
+
+def _jnp(ir: KernelIR) -> str:
+    return jnp_alias(ir.module) or "jnp"
+
+
+def _out_shape_text(ir: KernelIR, facts: CallFacts) -> str:
+    old_out = keyword(find_call_node(Located.of(ir.module), facts), "out_shape")
+    check(old_out is not None, "the call has no out_shape=")
+    assert old_out is not None
+    return code(old_out.value)
+
+
+def _operand_names(ir: KernelIR, plan: Epilogue) -> list[str]:
+    used = used_names(plan.fn) | used_names(ir.module)
+    return [fresh_name(used, f"_e{i}") for i in range(len(plan.operands))]
 
 
 def _plan(ir: KernelIR, facts: CallFacts) -> Epilogue:
@@ -140,8 +212,9 @@ def _spec_for(
     return cst.parse_expression(f"{pl}.BlockSpec({tup(blocks)}, lambda {params}: {tup(idx)})")
 
 
-def _rewrite(ir: KernelIR, facts: CallFacts, plan: Epilogue, shapes: list[tuple[int, ...]] | None) -> cst.Module:
-    """The module with the epilogue in the kernel; `shapes=None` gives the probe (operands passed unblocked)."""
+def _rewrite(ir: KernelIR, facts: CallFacts, plan: Epilogue, layouts: list[OperandLayout] | None) -> cst.Module:
+    """The module with the epilogue in the kernel; `layouts=None` gives the probe (operands passed unblocked, and
+    the reshaped output's shape as one more operand when the chain reshapes)."""
     module = ir.module
     loc = Located.of(module)
     node = find_call_node(loc, facts)
@@ -154,7 +227,7 @@ def _rewrite(ir: KernelIR, facts: CallFacts, plan: Epilogue, shapes: list[tuple[
     fn = plan.fn
     used = used_names(fn) | used_names(module)
     names = {w: fresh_name(used, w) for w in ("_epilogue", "_epilogue_kernel", "refs", "_last", "_store", "o")}
-    ops = [fresh_name(used, f"_e{i}") for i in range(len(plan.operands))]
+    ops = _operand_names(ir, plan)
     out = facts.outputs[0]
     rank = len(out.shape)
 
@@ -170,23 +243,42 @@ def _rewrite(ir: KernelIR, facts: CallFacts, plan: Epilogue, shapes: list[tuple[
         lines.append(f"    {o} = {ast.unparse(ast.parse(code(substitute(r.top, mapping)).strip(), mode='eval'))}\n")
     epi = f"def {names['_epilogue']}({', '.join([o, *ops])}):\n" + "".join(lines) + f"    return {o}\n"
 
-    # The operands, computed in the wrapper (rank-aligned with the output once their traced shapes are known).
+    # The operands, computed in the wrapper (brought to the output's layout and rank once their shapes are known).
     assigns = []
+    shapes: list[tuple[int, ...]] | None = None if layouts is None else []
     for name, expr, k in zip(ops, plan.operands, range(len(ops)), strict=True):
         text = code(expr)
-        if shapes is None:
-            value = f"{jnp}.asarray({text})"
-        elif len(shapes[k]) < rank:
-            missing = tuple(range(rank - len(shapes[k])))
-            value = f"{jnp}.expand_dims({text}, {missing})"
-            shapes[k] = (1,) * len(missing) + tuple(shapes[k])
+        if layouts is None or shapes is None:
+            assigns.append(f"{name} = {jnp}.asarray({text})\n")
+            continue
+        lines, shape = list(layouts[k].lines), layouts[k].shape
+        if len(shape) < rank:
+            missing = tuple(range(rank - len(shape)))
+            lines.append(f"{name} = {jnp}.expand_dims({name}, {missing})\n")
+            shape = (1,) * len(missing) + tuple(shape)
+        if len(lines) == 1 and not layouts[k].lines:  # only the rank alignment: one statement, as written
+            lines = [f"{name} = {jnp}.expand_dims({text}, {missing})\n"]
         else:
-            value = text
-        assigns.append(f"{name} = {value}\n")
+            lines.insert(0, f"{name} = {text}\n")
+        assigns += lines
+        shapes.append(tuple(shape))
+    probe_ops = list(ops)
+    if layouts is None and plan.reshape is not None:
+        v = fresh_name(used | set(ops), "_v")
+        inner = plan.reshape.func.value if isinstance(plan.reshape.func, cst.Attribute) else plan.reshape.args[0].value
+        shaped = code(substitute(plan.reshape, {inner: cst.Name(v)}))
+        old_out = keyword(node, "out_shape")
+        check(old_out is not None, "the call has no out_shape=")
+        assert old_out is not None
+        probe_ops.append(fresh_name(used | set(ops) | {v}, "_er"))
+        assigns.append(
+            f"{probe_ops[-1]} = {jnp}.zeros({jax}.eval_shape(lambda {v}: {shaped}, {code(old_out.value)}).shape,"
+            f" {jnp}.int8)\n"
+        )
 
     # The kernel: the original one computing into a scratch block, then the store of the epilogue's value.
     n_in = facts.num_scalar_prefetch + len(facts.inputs)
-    refs, n_e = names["refs"], len(ops)
+    refs, n_e = names["refs"], len(probe_ops)
     kexpr = node.args[0].value if node.args and node.args[0].keyword is None else None
     karg = keyword(node, "kernel")
     kexpr = kexpr if kexpr is not None else (karg.value if karg is not None else None)
@@ -219,7 +311,7 @@ def _rewrite(ir: KernelIR, facts: CallFacts, plan: Epilogue, shapes: list[tuple[
     params = [p.name.value for p in imap.params.params] if isinstance(imap, cst.Lambda) else []
     grid_names = params if len(params) == len(facts.grid) else [f"g{i}" for i in range(len(facts.grid))]
     if shapes is None:
-        specs = [cst.parse_expression(f"{pl}.BlockSpec(memory_space={pl}.ANY)") for _ in ops]
+        specs = [cst.parse_expression(f"{pl}.BlockSpec(memory_space={pl}.ANY)") for _ in probe_ops]
     else:
         specs = [_spec_for(s, out, out_specs[0], pl, grid_names) for s in shapes]
     holder, in_arg = grid_spec_keyword(loc, node, "in_specs")
@@ -258,7 +350,8 @@ def _rewrite(ir: KernelIR, facts: CallFacts, plan: Epilogue, shapes: list[tuple[
     elif holder not in descendants(node):
         new_call = node
     eval_shape = f"{jax}.eval_shape({names['_epilogue']}, {', '.join([code(old_out.value), *ops])})"
-    new_call = set_keyword(new_call, "out_shape", cst.parse_expression(eval_shape))
+    if layouts is not None or plan.reshape is None:  # the probe's operands may not be in the output's layout yet
+        new_call = set_keyword(new_call, "out_shape", cst.parse_expression(eval_shape))
     args = list(new_call.args)
     k = next(
         i for i, a in enumerate(args) if (a.keyword is None and i == 0) or (a.keyword and a.keyword.value == "kernel")
@@ -271,7 +364,7 @@ def _rewrite(ir: KernelIR, facts: CallFacts, plan: Epilogue, shapes: list[tuple[
     apply_args = [*site.apply.args]
     last = apply_args[-1]
     apply_args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    apply_args += [cst.Arg(cst.Name(n), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for n in ops]
+    apply_args += [cst.Arg(cst.Name(n), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for n in probe_ops]
     apply_args[-1] = apply_args[-1].with_changes(comma=last.comma)
     new_apply = site.apply.with_changes(args=apply_args)
     if site.apply.func is node:
@@ -281,7 +374,10 @@ def _rewrite(ir: KernelIR, facts: CallFacts, plan: Epilogue, shapes: list[tuple[
     if holder is not node and holder not in descendants(node):
         edits[holder] = new_holder
     for r in plan.regions:  # the first region holds the call itself, the others read the value before them
-        edits[r.top] = new_apply if r.uses[0] is site.apply else cst.Name(code(r.uses[0]))
+        if r.uses[0] is plan.reshape:  # the reshape stays in the wrapper, the work after it moves
+            edits[r.top] = substitute(plan.reshape, {site.apply: new_apply})
+        else:
+            edits[r.top] = new_apply if r.uses[0] is site.apply else cst.Name(code(r.uses[0]))
     if plan.regions[0].uses[0] is not site.apply:
         edits[site.apply] = new_apply
     fn_block = fn.body

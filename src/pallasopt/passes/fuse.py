@@ -278,12 +278,16 @@ def _fused_call(
     check(len(p_specs) == len(p.inputs) and len(c_specs) == len(c.inputs), "cannot read every in_specs entry")
     check(len(c_outs) == len(c.outputs), "cannot read every out_specs entry")
     scope_names = names | used_names(enclosing_function(loc, c_node) or module)
-    in_specs = [_spec(s, o, grid_names, p_axis, names) for s, o in zip(p_specs, p.inputs, strict=True)]
+    # The producer's block shapes may read its function's names (`(tm, K)`) where the fused call sits in that same
+    # function: written as the traced sizes they would hold only at the traced dims.
+    same_fn = enclosing_function(loc, p_node) is enclosing_function(loc, c_node)
+    p_names = scope_names if same_fn else names
+    in_specs = [_spec(s, o, grid_names, p_axis, p_names) for s, o in zip(p_specs, p.inputs, strict=True)]
     c_block = None
     if lk.reblock:  # the consumer's operands take the producer's output block
         p_out_spec = spec_list(loc, p_node, "out_specs")
         shape, _ = blockspec_parts(p_out_spec[0] if len(p_out_spec) == 1 else None)
-        c_block = block_text(shape, p.outputs[0].block_shape, names)
+        c_block = block_text(shape, p.outputs[0].block_shape, p_names)
     # Reblocked (elementwise) consumer operands are blocked exactly like the producer's output.
     like = (lambda o: p.outputs[0]) if lk.reblock else (lambda o: o)
     axis_of = p_axis if lk.reblock else c_axis
@@ -296,13 +300,13 @@ def _fused_call(
         _spec(s, like(o), grid_names, axis_of, scope_names, c_block) for s, o in zip(c_outs, c.outputs, strict=True)
     ]
     grid = _grid(loc, lk, p_node, c_node, p_ops, names)
-    scratch = [*_scratch(loc, p_node, p, names), *_scratch(loc, c_node, c, scope_names)]
+    scratch = [*_scratch(loc, p_node, p, p_names), *_scratch(loc, c_node, c, scope_names)]
     out = p.outputs[0]
     p_out_specs = spec_list(loc, p_node, "out_specs")
     if None in out.block_shape:  # squeezed dims: the kernel sees the block without them, and so is the scratch
         block = code(tuple_expr([str(b) for b in out.block_shape if b is not None]))
     else:
-        block = block_text(blockspec_parts(p_out_specs[0])[0] if p_out_specs else None, out.block_shape, names)
+        block = block_text(blockspec_parts(p_out_specs[0])[0] if p_out_specs else None, out.block_shape, p_names)
     scratch.append(cst.parse_expression(f"{pltpu}.VMEM({block}, {module_alias(module, 'jax.numpy')}.{out.dtype})"))
     out_arg = keyword(c_node, "out_specs")
     assert out_arg is not None
