@@ -36,6 +36,7 @@ from ..ir.matchers import (
     used_names,
 )
 from ..ir.trace import trace_entry
+from ..pyparse import parse_expression
 from .base import Pass
 
 
@@ -240,7 +241,7 @@ def _rewrite(ir: KernelIR, facts: CallFacts, plan: Epilogue, layouts: list[Opera
         for leaf in leaves(loc, r.top, r.uses):
             if code(leaf) in leaf_of:
                 mapping[leaf] = cst.Name(leaf_of[code(leaf)])
-        lines.append(f"    {o} = {ast.unparse(ast.parse(code(substitute(r.top, mapping)).strip(), mode='eval'))}\n")
+        lines.append(f"    {o} = {ast.unparse(parse_expression(code(substitute(r.top, mapping)).strip()))}\n")
     epi = f"def {names['_epilogue']}({', '.join([o, *ops])}):\n" + "".join(lines) + f"    return {o}\n"
 
     # The operands, computed in the wrapper (brought to the output's layout and rank once their shapes are known).
