@@ -120,6 +120,10 @@ class Chip:
     # Fixed cost of one iteration of a loop inside a grid step (emit_pipeline's inner steps: `ir/loops.py`); 0 means
     # the same as a grid step.
     inner_step_overhead_s: float = 0.0
+    # Time from a manual DMA's start until its first byte lands (issue, address translation, HBM round trip), paid
+    # once per copy on top of bytes / bandwidth; k - 1 copies in flight (a k-slot ring, `multi-buffer`) share it.
+    # Assumed (no measurement on this machine): 1 us on every TPU, a round figure of the order of a grid step.
+    dma_latency_s: float = 1e-6
 
     def native_tile(self, dtype: Any) -> tuple[int, int]:
         """(sublanes, lanes) of the native VMEM tile of `dtype`; (1, 1) on GPUs, which have no layout tile."""

@@ -174,6 +174,9 @@ class BodyStats:
     inner_steps: float = 0.0
     dma_bytes: int = 0
     loop_note: str = ""
+    # Bytes the kernel's top-level `dma_wait`s receive per grid step (each waits on one copy every step, whether
+    # that copy was started this step or earlier in a ring); 0 without manual DMA.
+    dma_step_bytes: int = 0
 
     @property
     def mxu_flops(self) -> int:
