@@ -20,6 +20,7 @@ from pallasopt.passes.registry import parse_pipeline
 V5E = get_chip("v5e")
 PAGED = TEST_KERNELS / "paged_attention_manual_dma.py"
 COPY = TEST_KERNELS / "dma_copy_scale.py"
+MOE = TEST_KERNELS / "moe_expert_tiles_manual_dma.py"
 SMALL = {"B": 2, "Hq": 4, "Hkv": 2, "D": 128, "max_len": 64}  # 16 grid steps: the traces stay cheap
 
 
@@ -62,10 +63,24 @@ def test_grid_scope_runs_one_ring_across_rows(paged: KernelIR) -> None:
     new = apply(paged, "multi-buffer{depth=4,scope=grid}")
     got = added(paged.source, new.source)
     assert "_ring_t = (b * pl.num_programs(1) + h) * pl.num_programs(2) + p" in got
-    assert "def _k_copy_for(_t, slot):" in got
+    assert "def _k_copy_for(b, h, p, slot):" in got  # the wait passes this step's indices: no division
+    assert "def _ring_at(_t):" in got  # a future linear step back into (b, h, p)
     assert "p = _t % pl.num_programs(2)" in got and "h = _t // pl.num_programs(2) % pl.num_programs(1)" in got
     assert "@pl.when(_ring_t == 0)" in got
-    assert "_v_copy_for(_ring_t + 3, (_ring_t + 3) % 4).start()" in got
+    assert "_at = _ring_at(_ring_t + 3)" in got
+    assert "_v_copy_for(*_at, (_ring_t + 3) % 4).start()" in got
+    assert "_k_copy_for(b, h, p, _k_copy_slot).wait()" in got
+
+
+def test_grid_ring_fetches_the_next_tiles_expert_before_the_tile_ends() -> None:
+    moe = KernelIR.from_file(MOE)
+    new = apply(moe, "multi-buffer{depth=3,scope=grid}")
+    got = added(moe.source, new.source)
+    assert "expert = tile_expert_ref[i]" in got  # the expert of the tile k - 1 steps ahead, looked up again
+    assert "return pltpu.make_async_copy(w_hbm.at[expert, pl.ds(k * TK, TK)], w_buf.at[slot], sem.at[slot])" in got
+    assert "_copy_for(*_at, (_ring_t + 2) % 3).start()" in got
+    r = check(new.source, str(MOE), seeds=(5, 6))
+    assert r.ok and r.mode == "interpret-tpu-races", r.message
 
 
 def test_choices_cover_depths_and_scopes(paged: KernelIR) -> None:
@@ -77,7 +92,7 @@ def test_choices_cover_depths_and_scopes(paged: KernelIR) -> None:
 
 @pytest.mark.slow  # ~9 candidates x 3 seeds in the TPU interpreter with DMA simulation (~2-5 min on 2 shared cores)
 def test_every_choice_passes_the_race_detector_and_the_oracle(paged: KernelIR) -> None:
-    for path in (PAGED, COPY):
+    for path in (PAGED, COPY, MOE):
         ir = paged if path == PAGED else KernelIR.from_file(path)
         sources = [p.apply(ir).source for p in MultiBufferPass.choices(ir, V5E)]
         assert sources

@@ -250,29 +250,32 @@ def rewrite_kernel(
     k = ring.depth
     names = [n for _a, n in ring.axes]
     sizes = [f"{pl}.num_programs({a})" for a, _n in ring.axes]
-    decode: list[str] = []
     pre: list[str] = []
-    if len(names) == 1:
-        t = param = names[0]
-    else:  # one linear step over the ring's axes, row-major; the helper decodes it back into the axes' indices
-        t, param = "_ring_t", "_t"
-        linear = names[0]
-        for size, n in zip(sizes[1:], names[1:], strict=True):
-            linear = f"({linear}) * {size} + {n}" if linear != names[0] else f"{linear} * {size} + {n}"
-        pre.append(f"{t} = {linear}\n")
-        rest = param
-        for idx in range(len(names) - 1, 0, -1):
-            decode.insert(0, f"{names[idx]} = {rest} % {sizes[idx]}")
-            rest = f"({rest}) // {sizes[idx]}" if rest != param else f"{rest} // {sizes[idx]}"
-        decode.insert(0, f"{names[0]} = {rest}")
-    total = " * ".join(sizes)
-    lines = decode + [code(s).strip() for s in stmts]
     gap = [cst.EmptyLine(indent=False)]
     new: list[cst.BaseStatement] = []
+    if len(names) == 1:
+        t = names[0]
+    else:  # one linear step over the ring's axes, row-major; `_ring_at` turns a future one back into indices
+        t = "_ring_t"
+        linear = f"{names[0]} * {sizes[1]} + {names[1]}"
+        for size, n in zip(sizes[2:], names[2:], strict=True):
+            linear = f"({linear}) * {size} + {n}"
+        pre.append(f"{t} = {linear}\n")
+        decode: list[str] = []
+        rest = "_t"
+        for idx in range(len(names) - 1, 0, -1):
+            decode.insert(0, f"{names[idx]} = {rest} % {sizes[idx]}")
+            rest = f"({rest}) // {sizes[idx]}" if rest != "_t" else f"{rest} // {sizes[idx]}"
+        decode.insert(0, f"{names[0]} = {rest}")
+        at_body = "".join(f"    {line}\n" for line in decode)
+        at = cst.parse_statement(f"def _ring_at(_t):\n{at_body}    return {', '.join(names)}\n")
+        new.append(at.with_changes(leading_lines=gap))
+    total = " * ".join(sizes)
+    lines = [code(s).strip() for s in stmts]
     for site in block.sites:
         helper_body = "".join(f"    {line}\n" for line in lines)
         helper = cst.parse_statement(
-            f"def _{site.var}_for({param}, slot):\n{helper_body}"
+            f"def _{site.var}_for({', '.join(names)}, slot):\n{helper_body}"
             f"    return {site.func}({code(site.src)}, {site.dst}.at[slot], {site.sem}.at[slot])\n"
         )
         new.append(helper.with_changes(leading_lines=gap))
@@ -281,7 +284,14 @@ def rewrite_kernel(
     new += [cst.parse_statement(p).with_changes(leading_lines=gap if i == 0 else []) for i, p in enumerate(pre)]
 
     def starts(step_expr: str, slot_expr: str, indent: str) -> str:
-        return "".join(f"{indent}_{s.var}_for({step_expr}, {slot_expr}).start()\n" for s in block.sites)
+        if len(names) == 1:
+            args = step_expr
+            head = ""
+        elif step_expr.isdigit() and int(step_expr) == 0:
+            args, head = ", ".join("0" for _ in names), ""
+        else:
+            args, head = "*_at", f"{indent}_at = _ring_at({step_expr})\n"
+        return head + "".join(f"{indent}_{s.var}_for({args}, {slot_expr}).start()\n" for s in block.sites)
 
     prime = f"@{pl}.when({t} == 0)\ndef _prime():\n" + starts("0", "0", "    ")
     for j in range(1, k - 1):
@@ -291,7 +301,7 @@ def rewrite_kernel(
     new.append(cst.parse_statement(prime).with_changes(leading_lines=gap))
     new.append(cst.parse_statement(prefetch).with_changes(leading_lines=gap))
     for i, s in enumerate(block.sites):
-        wait = cst.parse_statement(f"_{s.var}_for({t}, {slot}).wait()\n")
+        wait = cst.parse_statement(f"_{s.var}_for({', '.join(names)}, {slot}).wait()\n")
         new.append(wait.with_changes(leading_lines=gap) if i == 0 else wait)
     renames = {}
     for s in block.sites:
