@@ -306,8 +306,8 @@ def test_dma_overlap_double_buffers_a_serialized_copy() -> None:
     assert ir.calls[0].body.dma_serialized
     new = apply(ir, "dma-overlap{call=0}")
     got = [line for sign, line in changed_lines(ir.source, new.source) if sign == "+"]
-    assert "return pltpu.make_async_copy(x_hbm.at[pl.ds(step * BLOCK, BLOCK)], buf.at[slot], sem.at[slot])" in got
-    assert "_copy_for(i + 1, 1 - _copy_slot).start()" in got
+    assert "return pltpu.make_async_copy(x_hbm.at[pl.ds(i * BLOCK, BLOCK)], buf.at[slot], sem.at[slot])" in got
+    assert "_copy_for(i + 1, (i + 1) % 2).start()" in got
     assert "scratch_shapes=[pltpu.VMEM((2, BLOCK, n), jnp.float32), pltpu.SemaphoreType.DMA((2,))]," in got
     assert not new.calls[0].body.dma_serialized
     assert new.calls[0].scratch[0].shape[0] == 2

@@ -123,6 +123,10 @@ class Chip:
     # What libtpu's static estimate charges per grid step above real hardware (the compiler tier subtracts
     # steps x this from the estimate, `search/tiers.py`); 0 where no measurement says otherwise.
     compiler_step_excess_s: float = 0.0
+    # Time from a manual DMA's start until its first byte lands (issue, address translation, HBM round trip), paid
+    # once per copy on top of bytes / bandwidth; k - 1 copies in flight (a k-slot ring, `multi-buffer`) share it.
+    # Assumed (no measurement on this machine): 1 us on every TPU, a round figure of the order of a grid step.
+    dma_latency_s: float = 1e-6
 
     def native_tile(self, dtype: Any) -> tuple[int, int]:
         """(sublanes, lanes) of the native VMEM tile of `dtype`; (1, 1) on GPUs, which have no layout tile."""

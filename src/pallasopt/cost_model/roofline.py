@@ -39,6 +39,7 @@ class Traffic:
     method: (
         str  # "closed-form" | "enumerated" | "data" (evaluated on the prefetch tables) | "structural" | "manual-dma"
         # | "simulated" (the DMAs of a hand-pipelined body, counted by running its scalar part: ir/loops.py)
+        # | "waited" (the copies the body's top-level `dma_wait`s receive, every step)
     )
 
 
@@ -68,6 +69,10 @@ class CallEstimate:
     megacore_split: bool
     utilization: float  # achieved FLOP/s over the chip's peak for these dtypes
     notes: tuple[str, ...] = field(default=())
+    # Manual DMA: copies in flight per stream (1 = started and waited on at once) and the time the copies' latency
+    # bounds the body to (`manual_dma_time`), 0 without manual DMA.
+    dma_depth: int = 0
+    dma_latency_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -259,6 +264,25 @@ def _megacore_split(call: CallFacts, chip: Chip) -> bool:
     )
 
 
+def manual_dma_depth(call: CallFacts) -> int:
+    """Slots of a manual-DMA ring: 1 when a copy is started and waited on at once; else the length of the DMA
+    semaphore array the kernel's scratch holds (one semaphore per slot, as `multi-buffer` and `dma-overlap` write
+    it); 2 (one copy ahead) when the semaphores are scalars but the copies overlap the compute."""
+    if call.body.dma_serialized:
+        return 1
+    slots = [s.shape[0] for s in call.scratch if s.dtype == "dma_sem" and len(s.shape) == 1]
+    return max(slots, default=2)
+
+
+def manual_dma_time(steps: int, step_bytes: float, depth: int, chip: Chip) -> float:
+    """Time the manual copies bound a grid's steps to: each copy takes `chip.dma_latency_s` + bytes / bandwidth
+    from start to arrival. With a ring of `depth` slots, depth - 1 copies are in flight while a step computes, so
+    the copies sustain one step per (latency + transfer) / (depth - 1) (Little's law); serialized (depth 1), every
+    step waits the whole copy (the caller adds the compute)."""
+    one = chip.dma_latency_s + step_bytes / chip.device_hbm_bw_bytes_s
+    return steps * one / max(depth - 1, 1)
+
+
 def estimate_call(call: CallFacts, chip: Chip, order: Sequence[int] | None = None) -> CallEstimate:
     """The roofline estimate of one pallas_call (grid visited in `order`, default as written)."""
     steps = call.steps
@@ -273,9 +297,12 @@ def estimate_call(call: CallFacts, chip: Chip, order: Sequence[int] | None = Non
         notes.append(call.body.loop_note)
     elif call.body.loop_note:
         notes.append(call.body.loop_note)
+    waited = not simulated and call.body.dma_step_bytes > 0  # copies the body waits on every step, counted
+    if waited:
+        traffic.append(Traffic("manual-dma", 1, call.body.dma_step_bytes * steps, "waited"))
     for op in call.operands:
         if not op.is_pipelined:
-            if op.memory_space in ("any", "hbm") and not simulated:
+            if op.memory_space in ("any", "hbm") and not simulated and not waited:
                 traffic.append(Traffic(op.name, 1, op.array_bytes, "manual-dma"))
                 notes.append(f"{op.name} is copied by hand (memory_space=ANY): counted as one pass over the array")
             continue
@@ -320,11 +347,22 @@ def estimate_call(call: CallFacts, chip: Chip, order: Sequence[int] | None = Non
     dma_total = total_bytes / bw
     edge = (first_bytes + last_bytes) / bw
     body_time = max(dma_total, compute_total + overhead_total)
-    if call.body.dma_serialized:  # each transfer waits before any compute starts: nothing overlaps
-        body_time = dma_total + compute_total + overhead_total
-        notes.append("manual DMA is started and waited on at once: transfers do not overlap compute (dma-overlap)")
+    manual_bytes = sum(t.bytes for t in traffic if "manual-dma" in (t.method, t.operand))
+    depth = manual_dma_depth(call) if call.body.has_dma else 0
+    latency_total = manual_dma_time(steps, manual_bytes / max(steps, 1), depth, chip) if depth else 0.0
+    if depth == 1:  # each transfer waits before any compute starts: nothing overlaps
+        body_time = dma_total - manual_bytes / bw + latency_total + compute_total + overhead_total
+        notes.append(
+            "manual DMA is started and waited on at once: transfers do not overlap compute (dma-overlap, multi-buffer)"
+        )
+    elif depth:
+        body_time = max(body_time, latency_total)
+        notes.append(
+            f"manual DMA in a {depth}-slot ring: {depth - 1} copies in flight hide their latency "
+            f"({chip.dma_latency_s * 1e6:.1f} us each, assumed) down to {latency_total * 1e3:.3f} ms"
+        )
     time_s = body_time + edge
-    if dma_total >= compute_total + overhead_total:
+    if max(dma_total, latency_total) >= compute_total + overhead_total:
         bound = "memory"
     elif overhead_total > compute_total:
         bound = "step-overhead"
@@ -370,6 +408,8 @@ def estimate_call(call: CallFacts, chip: Chip, order: Sequence[int] | None = Non
         megacore_split=split,
         utilization=util,
         notes=tuple(notes),
+        dma_depth=depth,
+        dma_latency_s=latency_total,
     )
 
 

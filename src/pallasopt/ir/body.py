@@ -11,7 +11,7 @@ import jax.extend.core
 import numpy as np
 
 from .facts import BodyStats, Branching, Dot, dtype_bytes
-from .loops import LoopProfile, has_loop, profile
+from .loops import LoopProfile, dma_bytes, has_loop, profile
 from .steps import NotEvaluable, evaluate, slice_supported
 
 TRANSCENDENTAL = frozenset(
@@ -431,6 +431,7 @@ def body_stats(
         dma_bytes=int(prof.dma_bytes) if prof is not None and prof.complete else 0,
         loop_note=_loop_note(prof),
         loop_trips_vary=prof is not None and prof.complete and prof.per_step,
+        dma_step_bytes=sum(dma_bytes(e) for e in kernel_jaxpr.eqns if e.primitive.name == "dma_wait"),
     )
 
 

@@ -177,6 +177,9 @@ class BodyStats:
     # A loop's trip count changes from grid step to grid step (its bound reads program ids: a causal loop that
     # stops at the diagonal). libtpu's static profile cannot count such a loop (search/tiers.py gives no time).
     loop_trips_vary: bool = False
+    # Bytes the kernel's top-level `dma_wait`s receive per grid step (each waits on one copy every step, whether
+    # that copy was started this step or earlier in a ring); 0 without manual DMA.
+    dma_step_bytes: int = 0
 
     @property
     def mxu_flops(self) -> int:

@@ -16,6 +16,7 @@ from .fuse import FusePass
 from .grid_order import GridOrderPass
 from .layout import LayoutPass
 from .llm_rewrite import LLMRewritePass
+from .multi_buffer import MultiBufferPass
 from .online_softmax import OnlineSoftmaxPass
 from .single_buffer import SingleBufferPass
 from .skip_masked_blocks import SkipMaskedBlocksPass
@@ -31,6 +32,7 @@ PASSES: tuple[type[Pass], ...] = (
     GridOrderPass,
     AccumulateInScratchPass,
     DmaOverlapPass,
+    MultiBufferPass,
     SkipMaskedBlocksPass,
     SkipMaskedChunksPass,
     OnlineSoftmaxPass,
