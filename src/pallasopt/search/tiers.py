@@ -83,6 +83,27 @@ def model_tier(ir: KernelIR, chip: Chip) -> TierResult:
     return TierResult("model", True, est.time_s + wrapper_s, bound, data)
 
 
+# The profile dump's compile time grows with grid steps x per-step work: ~2.3 ms per 128^3 matmul step (FACTS.md),
+# and ~0.13 s per step of a 128x8192 @ 8192x128 step (64 such units; v6e, measured on the loaded 2-core machine).
+STEP_WORK_UNIT_FLOPS = 2 * 128**3
+STEP_WORK_CAP = 256  # 128^3-matmul step units: the compile stays at the cost of 256 plain 128^3 steps ...
+MIN_COMPILE_STEPS = 32  # ... but never below this many steps (a few % over-estimate; see `compile_steps_cap`)
+
+
+def compile_steps_cap(ir: KernelIR, max_steps: int = 256) -> int:
+    """How many grid steps the compiler tier compiles: `max_steps`, fewer when each step is heavy MXU work.
+
+    A full-K matmul block (128x8192 @ 8192x128) costs the static profile 64 plain 128^3 steps per step, so 256 of them
+    took ~50 s to profile where 32 took ~28 s (the loaded machine, ~20 s of each being start-up), with per-step estimates
+    within 1.5% of each other (2.12 vs 2.09 us; at 8 steps 2.22 us): the estimate is linear in steps much sooner when
+    steps are heavy. So the step count is capped at STEP_WORK_CAP work units, never below MIN_COMPILE_STEPS."""
+    steps = sum(c.steps for c in ir.calls)
+    per_step = sum(c.flops for c in ir.calls) / max(steps, 1) / STEP_WORK_UNIT_FLOPS
+    if per_step <= 1:
+        return max_steps
+    return max(MIN_COMPILE_STEPS, min(max_steps, int(STEP_WORK_CAP / per_step)))
+
+
 def reduce_dims_for_compile(ir: KernelIR, max_steps: int = 256) -> tuple[dict[str, int], float]:
     """Smaller dims with the same blocks so the compiler's profile dump stays fast; returns dims and the step ratio.
 
@@ -213,7 +234,7 @@ class Tiers:
             )
             return self.executor.run(job)
 
-        dims, scale = reduce_dims_for_compile(ir)
+        dims, scale = reduce_dims_for_compile(ir, compile_steps_cap(ir))
         rep = compile_at(dims, scale)
         if not rep.ok and rep.error_kind != "vmem_oom" and scale != 1.0:
             # The reduced dims can break a module's own invariants (e.g. query heads < KV heads): compile the real
