@@ -11,7 +11,7 @@ from pallasopt.harness.check import check_many
 from pallasopt.ir.kernel_ir import KernelIR
 from pallasopt.passes.accumulate import AccumulateInScratchPass
 from pallasopt.passes.registry import parse_pipeline
-from pallasopt.passes.tile import TilePass, ragged_axis
+from pallasopt.passes.tile import TilePass, knobs_of, ragged_axis
 from pallasopt.workload import inspect_source
 
 STYLES = TEST_KERNELS / "styles"
@@ -99,3 +99,23 @@ def test_tile_keeps_dividing_sizes_on_a_floor_grid() -> None:
         new = p.predict(ir)[0]
         for op in new.operands:
             assert all(b is None or n % b == 0 for n, b in zip(op.shape, op.block_shape, strict=True))
+
+
+def test_tile_on_a_wrapper_padded_array_offers_non_dividing_sizes_and_stays_correct() -> None:
+    # The wrapper pads M and N to multiples of BM/BN (1000 x 1100 -> 1024 x 1152): the arrays follow the blocks, so
+    # BN=256 (1152 % 256 != 0) is a fine size, and BM=16 pads 1000 rows to 1008 (63 steps), not 1024 / 16 = 64.
+    # Halving BM leaves 1024 unchanged (1000 pads to 1024 at 64 too): discovery must still see the padding.
+    ir = load("padded_matmul")
+    assert ir.calls[0].grid == (8, 9)
+    knobs = {k.name: k for k in knobs_of(ir)}
+    assert knobs["BM"].padded == ((0, 0), (2, 0)) and knobs["BN"].padded == ((1, 1), (2, 1))
+    specs = {p.spec() for p in TilePass.choices(ir, V5E)}
+    assert {"tile{call=0,BN=256}", "tile{call=0,BM=256,BN=512}"} <= specs
+    wide = apply(ir, "tile{call=0,BM=256,BN=256}")
+    assert wide.calls[0].grid == (4, 5) and wide.calls[0].operands[1].shape == (384, 1280)
+    thin = apply(ir, "tile{call=0,BM=16}")
+    assert thin.calls[0].grid == (63, 9)
+    results = check_many([wide.source, thin.source], str(STYLES / "padded_matmul.py"), seeds=(3, 4))
+    assert all(r.ok for r in results), [r.message for r in results]
+    # A kernel that does not pad has no padded dims (its sizes must keep dividing the array).
+    assert not any(k.padded for k in knobs_of(KernelIR.from_file(ROOT / "examples" / "matmul.py")))

@@ -78,7 +78,9 @@ def _accepted(workload: Workload, dims: dict[str, int]) -> bool:
 def _shrunk(workload: Workload, dims: dict[str, int], *, floor: bool) -> dict[str, int]:
     """Halving stops at a dim that is an odd multiple of its block (N = 7 x 2048 stays 14336): try the exact
     divisors of each such dim too (14336 / 7 = 2048 x 1 fails the two-step rule, 14336 / 3.5 is not whole, but
-    4096 = 2 x 2048 is 14336 x 2 / 7), smallest accepted first, largest dims first."""
+    4096 = 2 x 2048 is 14336 x 2 / 7), smallest accepted first, largest dims first. A dim with no such fraction (a
+    prime-ish N = 5921 = 31 x 191, which a wrapper pads to its blocks) tries powers of two from FLOOR instead: the
+    oracle's own rules (`_accepted`) turn down any the kernel cannot take."""
     out = dict(dims)
     default = workload.dims
     if max((math.prod(s) for s in _shapes(workload, out)), default=0) <= BUDGET // 16:
@@ -89,6 +91,8 @@ def _shrunk(workload: Workload, dims: dict[str, int], *, floor: bool) -> dict[st
             continue
         options = sorted({v * a // b for b in range(2, 17) for a in range(1, b) if (v * a) % b == 0})
         lowest = min(default[k], FLOOR) if floor else 1
+        if not any(lowest <= c < v for c in options):
+            options = [FLOOR << i for i in range(v.bit_length()) if FLOOR << i < v]
         for cand in [c for c in options if lowest <= c < v][:MAX_TRIES]:
             trial = {**out, k: cand}
             if _accepted(workload, trial):

@@ -5,10 +5,16 @@ re-traced; the literals whose change moves a block dimension or grid extent alon
 Literals that control a shared axis are tied into one knob (they must move together to stay coherent): a knob is
 named after the Python name the literal is bound to (`bm`, `BLOCK_M`, a partial keyword), else `axis<g>`.
 This works for literals, module constants, defaults, `functools.partial` keywords and locals alike.
+
+A knob can also move array extents: a wrapper that pads its input to a multiple of the block
+(`M_pad = cdiv(M, bm) * bm; jnp.pad(x, ...)`) hands the pallas_call an array whose size follows the block. Such
+(operand, dim) pairs are recorded as the knob's `padded` dims: the tile pass may then pick sizes that do not divide
+the array (the wrapper pads for them) and takes the grid along that axis from the re-trace.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -43,6 +49,8 @@ class Knob:
     axes: tuple[int, ...]
     value: int  # the block-site literal's current value
     sites: tuple[Site, ...]
+    # (operand, dim) of `call` whose array extent the wrapper pads to a multiple of the block
+    padded: tuple[tuple[int, int], ...] = ()
 
 
 def _bound_name(loc: Located, node: cst.Integer) -> str | None:
@@ -165,6 +173,19 @@ def _effects(
     return found
 
 
+def padded_dims(before: tuple[CallFacts, ...], after: tuple[CallFacts, ...]) -> set[tuple[int, int, int]]:
+    """(call, operand, dim) whose block AND array extent a perturbation moved: the wrapper pads to the block."""
+    out: set[tuple[int, int, int]] = set()
+    for c0, c1 in zip(before, after, strict=False):
+        for i, (o0, o1) in enumerate(zip(c0.operands, c1.operands, strict=False)):
+            if len(o0.shape) != len(o1.shape) or len(o0.block_shape) != len(o1.block_shape):
+                continue
+            for d, (n0, n1) in enumerate(zip(o0.shape, o1.shape, strict=True)):
+                if n0 != n1 and o0.block_shape[d] != o1.block_shape[d]:
+                    out.add((c0.index, i, d))
+    return out
+
+
 def _perturbed_calls(
     path: str, values: Mapping[Pos, int], module: cst.Module
 ) -> tuple[tuple[CallFacts, ...], bool] | None:
@@ -192,6 +213,7 @@ def discover_knobs(source: str, path: str, calls: tuple[CallFacts, ...], digest:
     controls: dict[Pos, set[tuple[int, int, str]]] = {}
     info: dict[Pos, tuple[int, str | None]] = {}
     names: dict[Pos, str | None] = {}
+    pads: dict[Pos, set[tuple[int, int, int]]] = {}
     for pos, value, name in candidate_literals(module, interesting_values(calls)):
         names[pos] = name
         res = _perturbed_calls(path, {pos: value}, module)
@@ -201,8 +223,10 @@ def discover_knobs(source: str, path: str, calls: tuple[CallFacts, ...], digest:
         if effects:
             controls[pos] = effects
             info[pos] = (value, name)
-    _add_structural(module, path, calls, controls, info, names)
-    knobs = _group(controls, info, calls)
+            pads[pos] = padded_dims(calls, res[0])
+    _add_structural(module, path, calls, controls, info, names, pads)
+    _probe_padding(module, path, calls, controls, info, pads)
+    knobs = _group(controls, info, calls, pads)
     _CACHE[digest] = knobs
     return knobs
 
@@ -214,6 +238,7 @@ def _add_structural(
     controls: dict[Pos, set[tuple[int, int, str]]],
     info: dict[Pos, tuple[int, str | None]],
     names: Mapping[Pos, str | None],
+    pads: dict[Pos, set[tuple[int, int, int]]],
 ) -> None:
     """Add literal groups the single-literal perturbation could not resolve, after a joint re-trace confirms them."""
     covered = {(c, a) for eff in controls.values() for c, a, k in eff if k == "block"}
@@ -230,12 +255,47 @@ def _add_structural(
             for pos, value, kind in sites:
                 controls[pos] = {(call.index, axis, kind)}
                 info[pos] = (value, names.get(pos))
+                pads[pos] = padded_dims(calls, res[0])
+
+
+def _probe_padding(
+    module: cst.Module,
+    path: str,
+    calls: tuple[CallFacts, ...],
+    controls: Mapping[Pos, set[tuple[int, int, str]]],
+    info: Mapping[Pos, tuple[int, str | None]],
+    pads: dict[Pos, set[tuple[int, int, int]]],
+) -> None:
+    """Halving a block often leaves a padded array's size unchanged (1000 rows pad to 1024 at 128 and at 64), so
+    once per (call, axis) not yet seen padded, one block literal is re-traced at 5/4 (then 3/2) of its value: a
+    wrapper that pads to the block then hands over a different array size (1000 rows: 1120 at 160). The probe costs
+    a re-trace or two per axis (megablox's gmm: 11 s -> 32 s of discovery), so it runs only on modules that call a
+    `pad(` (jnp.pad, lax.pad); padding written another way is still seen when the halving trace moves the array."""
+    if "pad(" not in module.code:
+        return
+    seen = {(c, a) for p, eff in controls.items() for c, a, _ in eff if any(pc == c for pc, _, _ in pads.get(p, ()))}
+    for pos, effects in sorted(controls.items()):
+        value = info[pos][0]
+        axes = {(c, a) for c, a, k in effects if k == "block"}
+        if not axes or axes <= seen or value % 4 or value < 16:
+            continue
+        seen |= axes
+        for probe in (value * 5 // 4, value * 3 // 2):
+            try:
+                probed = trace_calls(load_source(replace_integers(module, {pos: probe}).code, path))
+            except Exception:
+                continue
+            found = padded_dims(calls, probed) if len(probed) == len(calls) else set()
+            if found:
+                pads[pos] = pads.get(pos, set()) | found
+                break
 
 
 def _group(
     controls: Mapping[Pos, set[tuple[int, int, str]]],
     info: Mapping[Pos, tuple[int, str | None]],
     calls: tuple[CallFacts, ...],
+    pads: Mapping[Pos, set[tuple[int, int, int]]],
 ) -> tuple[Knob, ...]:
     """Tie literals that control a common (call, axis) into knobs (union-find over shared axes)."""
     parent: dict[Pos, Pos] = {p: p for p in controls}
@@ -278,7 +338,17 @@ def _group(
         names = sorted({s.bound_name for s in block_sites if s.bound_name})
         for c, axes in sorted(axes_by_call.items()):
             name = "_".join(names) if names else f"axis{min(axes)}"
-            knobs.append(Knob(name=name, call=c, axes=tuple(sorted(axes)), value=block_sites[0].value, sites=sites))
+            padded = tuple(sorted({(o, d) for p in members for cc, o, d in pads.get(p, ()) if cc == c}))
+            knobs.append(
+                Knob(
+                    name=name,
+                    call=c,
+                    axes=tuple(sorted(axes)),
+                    value=block_sites[0].value,
+                    sites=sites,
+                    padded=padded,
+                )
+            )
     return _unique_names(knobs)
 
 
@@ -296,7 +366,7 @@ def _unique_names(knobs: list[Knob]) -> tuple[Knob, ...]:
         key = (k.call, k.name)
         if key in seen:
             seen[key] += 1
-            k = Knob(name=f"{k.name}{seen[key]}", call=k.call, axes=k.axes, value=k.value, sites=k.sites)
+            k = dataclasses.replace(k, name=f"{k.name}{seen[key]}")
         else:
             seen[key] = 0
         out.append(k)

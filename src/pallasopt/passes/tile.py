@@ -93,8 +93,11 @@ class TilePass(Pass):
             new = ir.with_module(replace_integers(ir.module, values), self.spec())
         except KernelError as e:  # e.g. a library kernel that asserts block_k divides block_k_major
             raise PassNotApplicable(f"the rewritten module does not trace: {e.message}") from None
+        padded = padded_axes(knobs_of(ir), chosen)
         for got, want in zip(new.calls, expected, strict=True):
-            fixed = [a for a in range(len(got.grid)) if a not in got.dynamic_axes]  # run-time extents: retraced
+            # Run-time extents, and extents of arrays the wrapper pads to the block (their true size is not in the
+            # facts): the re-trace has the last word on those.
+            fixed = [a for a in range(len(got.grid)) if a not in got.dynamic_axes and (got.index, a) not in padded]
             check(
                 len(got.grid) == len(want.grid)
                 and [got.grid[a] for a in fixed] == [want.grid[a] for a in fixed]
@@ -135,6 +138,17 @@ class TilePass(Pass):
             scored.sort(key=lambda x: (x[0], x[1].spec()))
             out.extend(p for _, p in scored)  # the whole space, model-best first: strategies truncate
         return tuple(out)
+
+
+def _sharing(all_knobs: tuple[Knob, ...], knob: Knob) -> list[Knob]:
+    """The knobs (of any call) that share a literal with `knob`: they move together."""
+    sites = {s.pos for s in knob.sites}
+    return [k for k in all_knobs if {s.pos for s in k.sites} & sites]
+
+
+def padded_axes(all_knobs: tuple[Knob, ...], chosen: Sequence[tuple[Knob, int]]) -> set[tuple[int, int]]:
+    """(call, grid axis) whose extent follows an array the wrapper pads to a chosen knob's block."""
+    return {(k.call, a) for knob, _ in chosen for k in _sharing(all_knobs, knob) if k.padded for a in k.axes}
 
 
 def _dims_along(call: CallFacts, knob: Knob) -> list[tuple[int, int, int]]:
@@ -186,6 +200,8 @@ def _options(call: CallFacts, knob: Knob) -> list[int]:
             new_b = b * s // knob.value if (b * s) % knob.value == 0 else 0
             axis = grid_axis_of(call, i, d)
             ragged = axis is not None and ragged_axis(call, axis)
+            # the wrapper pads that array to a multiple of the block: any size up to the array's fits
+            ragged = ragged or (i, d) in knob.padded
             if new_b <= 0 or new_b > size or (size % new_b and not ragged):
                 ok = False
         if ok:
@@ -196,34 +212,42 @@ def _options(call: CallFacts, knob: Knob) -> list[int]:
 def predict(
     calls: tuple[CallFacts, ...], all_knobs: tuple[Knob, ...], chosen: list[tuple[Knob, int]]
 ) -> tuple[CallFacts, ...]:
-    """Scale the block dims along each chosen knob's axes (in every call that shares its literals)."""
+    """Scale the block dims along each chosen knob's axes (in every call that shares its literals).
+
+    An array the wrapper pads to the block (a knob's `padded` dims) is predicted at ceil(extent / new block) blocks,
+    the padded extent standing in for the true one (at most one old block over it)."""
     scale: dict[tuple[int, int], tuple[int, int]] = {}
     for knob, size in chosen:
-        sites = {s.pos for s in knob.sites}
-        for k in all_knobs:
-            if {s.pos for s in k.sites} & sites:
-                for a in k.axes:
-                    scale[(k.call, a)] = (knob.value, size)
+        for k in _sharing(all_knobs, knob):
+            for a in k.axes:
+                scale[(k.call, a)] = (knob.value, size)
+    pads = {(k.call, o, d) for knob, _ in chosen for k in _sharing(all_knobs, knob) for o, d in k.padded}
     out = []
     from ..ir.knobs import grid_axis_of
 
     for call in calls:
         ops = []
+        padded_extent: dict[int, int] = {}
         for i, op in enumerate(call.operands):
             shape = list(op.block_shape)
+            array = list(op.shape)
             for d, b in enumerate(shape):
                 axis = grid_axis_of(call, i, d)
                 if b is not None and axis is not None and (call.index, axis) in scale:
                     old, new = scale[(call.index, axis)]
                     if (b * new) % old:
                         raise ValueError("block size not integral")
-                    shape[d] = b * new // old
+                    nb = shape[d] = b * new // old
+                    if (call.index, i, d) in pads:
+                        blocks = -(-array[d] // nb)
+                        array[d] = blocks * nb
+                        padded_extent[axis] = max(padded_extent.get(axis, 0), blocks)
             imap = op.index_map
             if imap.affine is None and imap.fn is not None and any(k[0] == call.index for k in scale):
                 # A non-affine map (a causal kv map) may bake the old block sizes into its constants: counting its
                 # fetches by evaluating it would be wrong (and slow); the cost model falls back to its structure.
                 imap = dataclasses.replace(imap, fn=None)
-            ops.append(dataclasses.replace(op, block_shape=tuple(shape), index_map=imap))
+            ops.append(dataclasses.replace(op, shape=tuple(array), block_shape=tuple(shape), index_map=imap))
         grid = list(call.grid)
         ratios: list[tuple[int, int]] = []
         for a, g in enumerate(grid):
@@ -231,6 +255,8 @@ def predict(
                 old, new = scale[(call.index, a)]
                 if a in call.dynamic_axes:  # sized at run time (active tiles): only approximately predictable
                     grid[a] = max(1, round(g * old / new))
+                elif a in padded_extent:  # the wrapper pads the array to the new block
+                    grid[a] = padded_extent[a]
                 elif ragged_axis(call, a):  # cdiv grid: the extent follows the new block, not the old extent
                     extents = {-(-n // b) for n, b in _blocks_along(call, a, ops)}
                     if len(extents) != 1:

@@ -91,6 +91,28 @@ def model_tier(ir: KernelIR, chip: Chip) -> TierResult:
     return TierResult("model", True, est.time_s + wrapper_s, bound, data)
 
 
+# The profile dump's compile time grows with grid steps x per-step work: ~2.3 ms per 128^3 matmul step (FACTS.md),
+# and ~0.13 s per step of a 128x8192 @ 8192x128 step (64 such units; v6e, measured on the loaded 2-core machine).
+STEP_WORK_UNIT_FLOPS = 2 * 128**3
+STEP_WORK_CAP = 256  # 128^3-matmul step units: the compile stays at the cost of 256 plain 128^3 steps ...
+MIN_COMPILE_STEPS = 64  # ... but never below this many steps (a few % over-estimate; see `compile_steps_cap`)
+
+
+def compile_steps_cap(ir: KernelIR, max_steps: int = 256) -> int:
+    """How many grid steps the compiler tier compiles: `max_steps`, fewer when each step is heavy MXU work.
+
+    A full-K matmul block (128x8192 @ 8192x128: 64 units of 128^3 per step) took 50-80 s to profile at 256 steps
+    and ~30 s at 32 on the loaded 2-core machine (~20 s of it start-up). Scaling by the step ratio also scales the
+    fixed prologue (the first block's DMA), so fewer steps over-estimate: v6e static estimates at 32 steps came out
+    1.5% (bm=128) and 5.8% (bm=256, 8x scale) over the 256-step ones; at 64 steps that excess is about halved. So the
+    step count is capped at STEP_WORK_CAP work units, never below MIN_COMPILE_STEPS."""
+    steps = sum(c.steps for c in ir.calls)
+    per_step = sum(c.flops for c in ir.calls) / max(steps, 1) / STEP_WORK_UNIT_FLOPS
+    if per_step <= 1:
+        return max_steps
+    return max(min(MIN_COMPILE_STEPS, max_steps), min(max_steps, int(STEP_WORK_CAP / per_step)))
+
+
 def reduce_dims_for_compile(ir: KernelIR, max_steps: int = 256) -> tuple[dict[str, int], float]:
     """Smaller dims with the same blocks so the compiler's profile dump stays fast; returns dims and the step ratio.
 
@@ -229,7 +251,7 @@ class Tiers:
             )
             return self.executor.run(job)
 
-        dims, scale = reduce_dims_for_compile(ir)
+        dims, scale = reduce_dims_for_compile(ir, compile_steps_cap(ir))
         rep = compile_at(dims, scale)
         if not rep.ok and rep.error_kind != "vmem_oom" and scale != 1.0:
             # The reduced dims can break a module's own invariants (e.g. query heads < KV heads): compile the real
