@@ -15,8 +15,9 @@ from pallasopt.errors import PassNotApplicable
 from pallasopt.harness.check import check_many
 from pallasopt.ir.kernel_ir import KernelIR
 from pallasopt.ir.mask_bounds import Reader, bound_on_axis, needed_text, static_value
+from pallasopt.ir.matchers import is_call_to as _is_call
 from pallasopt.passes.registry import parse_pipeline
-from pallasopt.passes.skip_masked_blocks import SkipMaskedBlocksPass, _is_call
+from pallasopt.passes.skip_masked_blocks import SkipMaskedBlocksPass
 
 BENCH = ROOT / "bench" / "kernels"
 

@@ -26,7 +26,7 @@ import libcst.matchers as m
 from ..errors import check
 from .builders import rename_names
 from .facts import CallFacts
-from .matchers import Located, bound_names, code, free_names, grid_spec_keyword, program_id_axes, used_names
+from .matchers import Located, bound_names, code, free_names, grid_spec_keyword, is_call_to, program_id_axes, used_names
 
 SCOPES = ("axis", "grid")
 
@@ -54,12 +54,6 @@ def statements(kernel: cst.FunctionDef) -> list[cst.BaseStatement]:
     return [s for s in kernel.body.body if isinstance(s, cst.BaseStatement)]
 
 
-def _is_call_to(node: cst.CSTNode, name: str) -> bool:
-    return isinstance(node, cst.Call) and (
-        m.matches(node.func, m.Attribute(attr=m.Name(name))) or m.matches(node.func, m.Name(name))
-    )
-
-
 def _single(stmt: cst.CSTNode) -> cst.BaseSmallStatement | None:
     if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
         return stmt.body[0]
@@ -82,7 +76,7 @@ def _copy_assign(stmt: cst.CSTNode) -> CopySite | None:
     if not isinstance(small, cst.Assign) or len(small.targets) != 1:
         return None
     target, call = small.targets[0].target, small.value
-    if not isinstance(target, cst.Name) or not _is_call_to(call, "make_async_copy"):
+    if not isinstance(target, cst.Name) or not is_call_to(call, "make_async_copy"):
         return None
     assert isinstance(call, cst.Call)
     args = [a.value for a in call.args]
@@ -145,7 +139,7 @@ def program_id_locals(kernel: cst.FunctionDef) -> dict[int, str]:
         ):
             pairs = [(t.value, v.value) for t, v in zip(target.elements, value.elements, strict=True)]
         for t, v in pairs:
-            if isinstance(t, cst.Name) and _is_call_to(v, "program_id"):
+            if isinstance(t, cst.Name) and is_call_to(v, "program_id"):
                 assert isinstance(v, cst.Call)
                 arg = v.args[0].value if v.args else None
                 if isinstance(arg, cst.Integer):

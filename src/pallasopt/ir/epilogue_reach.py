@@ -13,7 +13,16 @@ import libcst.matchers as m
 from ..errors import PassNotApplicable, check
 from .builders import fresh_name, substitute
 from .epilogue import Epilogue, find_epilogue, follow, leaves
-from .matchers import Located, bound_names, code, enclosing_function, free_names, module_names, used_names
+from .matchers import (
+    Located,
+    bound_names,
+    code,
+    enclosing_function,
+    free_names,
+    is_self_assign,
+    module_names,
+    used_names,
+)
 
 _NO_SPACE = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
@@ -209,7 +218,7 @@ def _move(loc: Located, helper: cst.FunctionDef, ret: cst.Return, site: cst.Call
         if i == at:
             out.extend(assigns)  # type: ignore[arg-type]
         new = substitute(st, edits)
-        if not _self_assign(new):
+        if not is_self_assign(new):
             out.append(new)
     new_fn = fn.with_changes(body=fbody.with_changes(body=out))
 
@@ -239,16 +248,3 @@ def _descendants(node: cst.CSTNode) -> set[cst.CSTNode]:
 
 def _replace_inside(node: cst.CSTNode, old: cst.CSTNode, new: cst.CSTNode) -> cst.CSTNode:
     return substitute(node, {old: new})
-
-
-def _self_assign(stmt: cst.BaseStatement) -> bool:
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return False
-    a = stmt.body[0]
-    return (
-        isinstance(a, cst.Assign)
-        and len(a.targets) == 1
-        and isinstance(a.targets[0].target, cst.Name)
-        and isinstance(a.value, cst.Name)
-        and a.targets[0].target.value == a.value.value
-    )

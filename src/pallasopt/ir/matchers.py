@@ -437,3 +437,24 @@ def descendants(node: cst.CSTNode) -> set[cst.CSTNode]:
         out.add(n)
         stack.extend(n.children)
     return out
+
+
+def is_call_to(node: cst.CSTNode, name: str) -> bool:
+    """`node` is a call of a function named `name`, under any module alias (`pl.program_id(..)`, `where(..)`)."""
+    return isinstance(node, cst.Call) and (
+        m.matches(node.func, m.Attribute(attr=m.Name(name))) or m.matches(node.func, m.Name(name))
+    )
+
+
+def is_self_assign(stmt: cst.BaseStatement) -> bool:
+    """`stmt` is `y = y` (what is left where a statement's work moved elsewhere)."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return False
+    a = stmt.body[0]
+    return (
+        isinstance(a, cst.Assign)
+        and len(a.targets) == 1
+        and isinstance(a.targets[0].target, cst.Name)
+        and isinstance(a.value, cst.Name)
+        and a.targets[0].target.value == a.value.value
+    )

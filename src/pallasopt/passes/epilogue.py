@@ -26,6 +26,7 @@ from ..ir.matchers import (
     find_call_node,
     free_names,
     grid_spec_keyword,
+    is_self_assign,
     jnp_alias,
     keyword,
     module_alias,
@@ -394,7 +395,7 @@ def _rewrite(ir: KernelIR, facts: CallFacts, plan: Epilogue, layouts: list[Opera
         new = substitute(s, edits)
         if i == at:
             new = new.with_changes(leading_lines=gap)
-        if not _self_assign(new):  # `y = y`, left where a statement's work moved into the kernel
+        if not is_self_assign(new):  # `y = y`, left where a statement's work moved into the kernel
             new_body.append(new)
     new_fn = fn.with_changes(body=fn_block.with_changes(body=new_body))
     outer = {k2: v for k2, v in edits.items() if not any(k2 is n or k2 in descendants(n) for n in stmts)}
@@ -402,19 +403,6 @@ def _rewrite(ir: KernelIR, facts: CallFacts, plan: Epilogue, layouts: list[Opera
     base, alias = ensure_pltpu(module)  # the same statement nodes, an import added when missing
     assert alias == pltpu
     return replace_many(base, outer)
-
-
-def _self_assign(stmt: cst.BaseStatement) -> bool:
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return False
-    a = stmt.body[0]
-    return (
-        isinstance(a, cst.Assign)
-        and len(a.targets) == 1
-        and isinstance(a.targets[0].target, cst.Name)
-        and isinstance(a.value, cst.Name)
-        and a.targets[0].target.value == a.value.value
-    )
 
 
 def _holder_statement(loc: Located, stmts: list[cst.BaseStatement], node: cst.CSTNode) -> int:

@@ -21,6 +21,7 @@ from ..ir.matchers import (
     enclosing_function,
     find_call_node,
     free_names,
+    is_call_to,
     jnp_alias,
     kernel_function,
     pl_alias,
@@ -28,12 +29,6 @@ from ..ir.matchers import (
     spec_nodes,
 )
 from .base import Pass
-
-
-def _is_call(node: cst.BaseExpression, name: str) -> bool:
-    return isinstance(node, cst.Call) and (
-        m.matches(node.func, m.Attribute(attr=m.Name(name))) or m.matches(node.func, m.Name(name))
-    )
 
 
 def candidate(call: CallFacts) -> bool:
@@ -130,12 +125,12 @@ def _is_pid_stmt(s: cst.BaseStatement) -> bool:
         return False
     v = s.body[0].value
     vals = [e.value for e in v.elements] if isinstance(v, cst.Tuple) else [v]
-    return all(_is_call(x, "program_id") for x in vals)
+    return all(is_call_to(x, "program_id") for x in vals)
 
 
 def _is_when_def(s: cst.BaseStatement) -> bool:
     return isinstance(s, cst.FunctionDef) and any(
-        isinstance(d.decorator, cst.Call) and _is_call(d.decorator, "when") for d in s.decorators
+        isinstance(d.decorator, cst.Call) and is_call_to(d.decorator, "when") for d in s.decorators
     )
 
 
@@ -182,7 +177,7 @@ def _analyse(kernel: cst.FunctionDef, facts: CallFacts, namespace: dict[str, Any
             if isinstance(t, cst.Name) and counts.get(t.value) == 1:
                 env[t.value] = assign.value
     opaque = {n for n, c in counts.items() if c > 1}
-    reader = Reader(env, _is_call)
+    reader = Reader(env, is_call_to)
     found: list[tuple[int, Mask, cst.Call]] = []
     for i, s in enumerate(body):
         for w in m.findall(s, m.Call(func=m.Attribute(attr=m.Name("where")) | m.Name("where"))):
@@ -236,7 +231,7 @@ def _wrap(a: _Analysis, pl: str) -> cst.FunctionDef:
     axes = {a_ for c in a.mask.constraints() for a_, _, _ in c.form.pids}
     for s in region:
         for call in m.findall(s, m.Call()):
-            if isinstance(call, cst.Call) and _is_call(call, "program_id") and len(call.args) == 1:
+            if isinstance(call, cst.Call) and is_call_to(call, "program_id") and len(call.args) == 1:
                 arg = call.args[0].value
                 if isinstance(arg, cst.Integer):
                     axes.add(int(arg.evaluated_value))
@@ -252,7 +247,7 @@ def _wrap(a: _Analysis, pl: str) -> cst.FunctionDef:
     class UsePids(cst.CSTTransformer):
         def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
             arg = original.args[0].value if len(original.args) == 1 else None
-            if _is_call(original, "program_id") and isinstance(arg, cst.Integer):
+            if is_call_to(original, "program_id") and isinstance(arg, cst.Integer):
                 return cst.Name(pids[int(arg.evaluated_value)])
             return updated
 
@@ -278,7 +273,7 @@ def _partial_keywords(loc: Located, node: cst.Call) -> dict[str, cst.BaseExpress
     """The keywords of a `functools.partial(kernel, k=v, ...)` the pallas_call runs (through local names)."""
     first = node.args[0].value if node.args and node.args[0].keyword is None else None
     first = resolve(loc, node, first)
-    if not (isinstance(first, cst.Call) and _is_call(first, "partial")):
+    if not (isinstance(first, cst.Call) and is_call_to(first, "partial")):
         return {}
     return {arg.keyword.value: arg.value for arg in first.args if arg.keyword is not None}
 

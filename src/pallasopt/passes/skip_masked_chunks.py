@@ -16,17 +16,11 @@ from ..ir.cst_edit import replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..ir.mask_bounds import Mask, Reader, bound_on_axis, static_value
-from ..ir.matchers import Located, code, find_call_node, jnp_alias, kernel_function, module_names, pl_alias
+from ..ir.matchers import Located, code, find_call_node, is_call_to, jnp_alias, kernel_function, module_names, pl_alias
 from .base import Pass
 
 LOOP = -1  # the pseudo grid axis the loop counter stands for in the mask's linear forms
 MAX_INLINE = 20  # substitution rounds when a helper's locals are inlined into its mask condition
-
-
-def _is_call(node: cst.BaseExpression, name: str) -> bool:
-    return isinstance(node, cst.Call) and (
-        m.matches(node.func, m.Attribute(attr=m.Name(name))) or m.matches(node.func, m.Name(name))
-    )
 
 
 def candidate(call: CallFacts) -> bool:
@@ -46,7 +40,7 @@ def fori_loops(kernel: cst.FunctionDef) -> list[cst.Call]:
     out: list[cst.Call] = []
     for stmt in kernel.body.body:
         if isinstance(stmt, cst.SimpleStatementLine):
-            out += [c for c in m.findall(stmt, m.Call()) if isinstance(c, cst.Call) and _is_call(c, "fori_loop")]
+            out += [c for c in m.findall(stmt, m.Call()) if isinstance(c, cst.Call) and is_call_to(c, "fori_loop")]
     return out
 
 
@@ -240,7 +234,7 @@ def _masks(
             found.append(_Found(mask, fill, where))
 
     for w in m.findall(body, m.Call()):
-        if isinstance(w, cst.Call) and _is_call(w, "where") and len(w.args) == 3:
+        if isinstance(w, cst.Call) and is_call_to(w, "where") and len(w.args) == 3:
             read(w.args[0].value, w.args[2].value, f"`{body.name.value}`")
     helpers = {
         s.name.value: s
@@ -254,7 +248,7 @@ def _masks(
             continue
         local, params = _helper_scope(helper, c, opaque_name)
         for w in m.findall(helper, m.Call()):
-            if isinstance(w, cst.Call) and _is_call(w, "where") and len(w.args) == 3:
+            if isinstance(w, cst.Call) and is_call_to(w, "where") and len(w.args) == 3:
                 cond = _expand(w.args[0].value, local, params)
                 read(cond, w.args[2].value, f"`{helper.name.value}` (called from `{body.name.value}`)")
     return found
@@ -276,7 +270,7 @@ def _ds_sizes(node: cst.CSTNode) -> set[str]:
     """Source texts of the sizes of `pl.ds(start, size)` slices in `node` (a slice size is positive)."""
     out: set[str] = set()
     for c in m.findall(node, m.Call()):
-        if isinstance(c, cst.Call) and (_is_call(c, "ds") or _is_call(c, "dslice")) and len(c.args) >= 2:
+        if isinstance(c, cst.Call) and (is_call_to(c, "ds") or is_call_to(c, "dslice")) and len(c.args) >= 2:
             out.add(code(c.args[1].value).replace(" ", ""))
     return out
 
@@ -303,7 +297,7 @@ def _new_bounds(
     env = {**kernel_env, **body_env}
     for name in body_opaque | kernel_opaque | {carry}:
         env.pop(name, None)
-    reader = Reader(env, _is_call, indices={counter: LOOP})
+    reader = Reader(env, is_call_to, indices={counter: LOOP})
     found = _masks(module, kernel, body, reader, opaque_name)
     check(bool(found), "no jnp.where(cond, x, fill) in the loop whose cond compares the loop counter to iota indices")
     check(len({repr(f.mask) for f in found}) == 1, f"{len(found)} different iota masks in the loop")
@@ -348,7 +342,7 @@ def _pid_locals(env: dict[str, cst.BaseExpression], before: list[cst.BaseStateme
     out: dict[int, str] = {}
     for name, value in env.items():
         arg = value.args[0].value if isinstance(value, cst.Call) and len(value.args) == 1 else None
-        if name in names and _is_call(value, "program_id") and isinstance(arg, cst.Integer):
+        if name in names and is_call_to(value, "program_id") and isinstance(arg, cst.Integer):
             out.setdefault(int(arg.evaluated_value), name)
     return out
 
