@@ -54,6 +54,9 @@ def k(tmp_path: Path) -> dict[str, Path]:
     return out
 
 
+CHECK_CHILDREN = ("pallasopt.harness.worker", "pallasopt.harness.warm_serve")
+
+
 def cli_env() -> dict[str, str]:
     """The console script running this checkout's code (children inherit it)."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p)}
@@ -153,8 +156,9 @@ def test_kill_9_of_run_leaves_no_child_running(k, tmp_path):
         [PALLASOPT, *args], cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
+        # The check runs in a fresh child (`harness.worker`) or a warm one (`harness.warm_serve`).
         workers = wait_for(
-            lambda: [p for p in descendants(proc.pid) if "pallasopt.harness.worker" in cmdline(p)], timeout=150
+            lambda: [p for p in descendants(proc.pid) if any(m in cmdline(p) for m in CHECK_CHILDREN)], timeout=150
         )
         assert workers and proc.poll() is None, "the input kernel's check never started"
         time.sleep(2)  # let the check reach the sleeping callback
