@@ -192,7 +192,8 @@ def test_single_buffer_declines_shared_spec(example_irs) -> None:
 def test_every_choice_on_every_example(path, example_irs) -> None:
     """The choices each pass offers re-parse, re-trace and stay numerically equal to the reference. Passes return
     their whole choice space (issue 16: 176 tile choices on the matmul): the first 12 of each (model-best first, what
-    beam search tries) and every 15th after them are checked, so CI runs ~20 interpret-mode checks per example."""
+    beam search tries) and every 15th after them are checked, so CI runs ~20 interpret-mode checks per example (three
+    on a library kernel, where one check costs as much as twenty elsewhere)."""
     from pallasopt.search.funnel import truncate
 
     ir = example_irs[path.stem]
@@ -209,6 +210,11 @@ def test_every_choice_on_every_example(path, example_irs) -> None:
             sources.append(new.source)
             specs.append(choice.spec())
     assert specs, "no pass applies to this example"
+    if path.stem.startswith("lib_"):
+        # A library kernel's check costs 25-100 s in the interpreter (megablox gmm, paged attention's manual DMAs):
+        # every choice above was applied and re-traced; the oracle runs on the model-best two and the farthest one.
+        keep = sorted({0, 1, len(specs) - 1} & set(range(len(specs))))
+        sources, specs = [sources[i] for i in keep], [specs[i] for i in keep]
     results = check_many(sources, str(path))
     bad = [(s, r.status, r.message) for s, r in zip(specs, results, strict=True) if not r.ok]
     assert not bad, bad

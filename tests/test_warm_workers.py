@@ -191,7 +191,10 @@ def test_a_compile_that_kills_its_worker_gets_the_fresh_childs_record_and_the_ne
         assert warm.error_kind == fresh.error_kind == "crash" and warm.error == fresh.error
         ok = compile_module(matmul_source(), "kernels/mm.py", "matmul", {}, "v5e", pool=pool)
         assert ok.ok and ok.estimated_cycles and pool.started() == 2
-        timed_out = compile_module(matmul_source(), "kernels/mm.py", "matmul", {}, "v5e", pool=pool, timeout_s=0.3)
+        # A module that takes 30 s to import (a warm worker compiles the small matmul in ~0.2 s: no timeout short
+        # enough to test would catch it).
+        slow = "import time\ntime.sleep(30)\n" + matmul_source()
+        timed_out = compile_module(slow, "kernels/mm.py", "matmul", {}, "v5e", pool=pool, timeout_s=2)
         assert timed_out.error_kind == "timeout" and not pool.workers()  # the one worker was killed
     finally:
         pool.close()
