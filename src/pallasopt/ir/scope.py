@@ -42,59 +42,24 @@ def _target_names(target: cst.CSTNode) -> list[str]:
     return []  # a subscript or attribute store binds no name
 
 
-def _binding_sites(stmts: list[cst.BaseStatement]) -> list[tuple[str, int]]:
-    """(name, index of the top-level statement that holds it) for every binding in this scope."""
-    out: list[tuple[str, int]] = []
-
-    class Binds(cst.CSTVisitor):
-        def __init__(self, at: int) -> None:
-            super().__init__()
-            self.at = at
-
-        def add(self, names: list[str]) -> None:
-            out.extend((n, self.at) for n in names)
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            declared = [d for d in m.findall(node.body, m.Nonlocal()) if isinstance(d, cst.Nonlocal)]
-            self.add([node.name.value, *(item.name.value for d in declared for item in d.names)])
-            return False
-
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            self.add([node.name.value])
-            return False
-
-        def visit_Lambda(self, node: cst.Lambda) -> bool:
-            return False
-
-        def visit_Assign(self, node: cst.Assign) -> None:
-            for t in node.targets:
-                self.add(_target_names(t.target))
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            self.add(_target_names(node.target))
-
-        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            self.add(_target_names(node.target))
-
-        def visit_For(self, node: cst.For) -> None:
-            self.add(_target_names(node.target))
-
-        def visit_AsName(self, node: cst.AsName) -> None:
-            self.add(_target_names(node.name))
-
-        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-            self.add(_target_names(node.target))
-
-        def visit_Import(self, node: cst.Import) -> None:
-            self.add([a.evaluated_name.split(".")[0] for a in node.names if a.asname is None])
-
-        def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-            if not isinstance(node.names, cst.ImportStar):
-                self.add([a.evaluated_name for a in node.names if a.asname is None])
-
-    for i, s in enumerate(stmts):
-        s.visit(Binds(i))
-    return out
+def _binds(node: cst.CSTNode) -> list[str]:
+    """Names `node` binds in the scope that holds it, one entry a binding (of a nested def or class only its name,
+    and the names the def declares `nonlocal`)."""
+    if isinstance(node, cst.FunctionDef | cst.ClassDef):
+        declared = [d for d in m.findall(node.body, m.Nonlocal()) if isinstance(d, cst.Nonlocal)]
+        return [node.name.value, *(item.name.value for d in declared for item in d.names)]
+    if isinstance(node, cst.Lambda):
+        return []
+    here: list[str] = []
+    if isinstance(node, cst.Assign):
+        here = [n for t in node.targets for n in _target_names(t.target)]
+    elif isinstance(node, cst.AugAssign | cst.AnnAssign | cst.For | cst.NamedExpr):
+        here = _target_names(node.target)
+    elif isinstance(node, cst.AsName):
+        here = _target_names(node.name)
+    elif isinstance(node, cst.Import | cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+        here = [a.evaluated_name.split(".")[0] for a in node.names if a.asname is None]
+    return here + [n for child in node.children for n in _binds(child)]
 
 
 def _assigns(stmts: list[cst.BaseStatement]) -> list[tuple[cst.BaseExpression, cst.BaseExpression, bool]]:
@@ -132,8 +97,9 @@ class Scope:
     @classmethod
     def of(cls, stmts: list[cst.BaseStatement]) -> Scope:
         sites: dict[str, tuple[int, ...]] = {}
-        for name, i in _binding_sites(stmts):
-            sites[name] = (*sites.get(name, ()), i)
+        for i, stmt in enumerate(stmts):
+            for name in _binds(stmt):
+                sites[name] = (*sites.get(name, ()), i)
         once = {n for n, at in sites.items() if len(at) == 1}
         single = [(t.value, v, plain) for t, v, plain in _assigns(stmts) if isinstance(t, cst.Name) and t.value in once]
         env = {name: v for name, v, plain in single if plain}  # that assignment is the name's only binding
