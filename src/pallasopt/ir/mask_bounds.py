@@ -325,6 +325,13 @@ _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
 }
 
 
+def neutral_fill(fill: cst.BaseExpression, namespace: Mapping[str, Any]) -> bool:
+    """`fill` is 0 or a large negative constant: a fully masked block then adds nothing to a sum or an online-softmax
+    accumulator, so skipping it changes no result."""
+    value = static_value(code(fill), namespace)
+    return isinstance(value, int | float) and (value == 0 or value <= -1e9)
+
+
 def static_value(text: str, namespace: Mapping[str, Any]) -> Any:
     """The value of a constant expression (literals, module names and their attributes, + - * //, unary minus)
     in a loaded module's namespace, without running code; None when it is anything else."""

@@ -13,7 +13,7 @@ from ..errors import check
 from ..ir.cst_edit import replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
-from ..ir.mask_bounds import Mask, Reader, bound_on_axis, needed_text, static_value
+from ..ir.mask_bounds import Mask, Reader, bound_on_axis, needed_text, neutral_fill, static_value
 from ..ir.matchers import (
     Located,
     blockspec_parts,
@@ -28,6 +28,7 @@ from ..ir.matchers import (
     resolve,
     spec_nodes,
 )
+from ..ir.scope import Scope, statements
 from .base import Pass
 
 
@@ -106,20 +107,6 @@ class SkipMaskedBlocksPass(Pass):
         return ir.with_module(replace_many(loc.wrapper.module, edits), self.spec())
 
 
-def _assigned_names(stmts: list[cst.BaseStatement]) -> list[str]:
-    out: list[str] = []
-    for s in stmts:
-        for t in m.findall(s, m.AssignTarget() | m.AugAssign()):
-            assert isinstance(t, cst.AssignTarget | cst.AugAssign)
-            target = t.target
-            for n in m.findall(target, m.Name()) if not isinstance(target, cst.Subscript) else ():
-                if isinstance(n, cst.Name):
-                    out.append(n.value)
-        if isinstance(s, cst.FunctionDef):
-            out.append(s.name.value)
-    return out
-
-
 def _is_pid_stmt(s: cst.BaseStatement) -> bool:
     if not (isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Assign)):
         return False
@@ -134,50 +121,11 @@ def _is_when_def(s: cst.BaseStatement) -> bool:
     )
 
 
-def _pid_locals(stmts: list[cst.BaseStatement]) -> dict[int, str]:
-    out: dict[int, str] = {}
-    for s in stmts:
-        if not _is_pid_stmt(s):
-            continue
-        assert isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Assign)
-        assign = s.body[0]
-        if len(assign.targets) != 1:
-            continue
-        t, v = assign.targets[0].target, assign.value
-        pairs = (
-            list(zip(t.elements, v.elements, strict=False))
-            if isinstance(t, cst.Tuple) and isinstance(v, cst.Tuple)
-            else [(t, v)]
-        )
-        for tt, vv in pairs:
-            tn = tt.value if isinstance(tt, cst.Element) else tt
-            vn = vv.value if isinstance(vv, cst.Element) else vv
-            arg = vn.args[0].value if isinstance(vn, cst.Call) and vn.args else None
-            if isinstance(tn, cst.Name) and isinstance(arg, cst.Integer):
-                out.setdefault(int(arg.evaluated_value), tn.value)
-    return out
-
-
-def _fill_ok(fill: cst.BaseExpression, namespace: dict[str, Any]) -> bool:
-    value = static_value(code(fill), namespace)
-    return isinstance(value, int | float) and (value == 0 or value <= -1e9)
-
-
 def _analyse(kernel: cst.FunctionDef, facts: CallFacts, namespace: dict[str, Any]) -> _Analysis:
     check(isinstance(kernel.body, cst.IndentedBlock), "the kernel is a one-line def")
-    body: list[cst.BaseStatement] = [s for s in kernel.body.body if isinstance(s, cst.BaseStatement)]
-    counts: dict[str, int] = {}
-    for name in _assigned_names(body):
-        counts[name] = counts.get(name, 0) + 1
-    env: dict[str, cst.BaseExpression] = {}
-    for s in body:
-        if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Assign):
-            assign = s.body[0]
-            t = assign.targets[0].target if len(assign.targets) == 1 else None
-            if isinstance(t, cst.Name) and counts.get(t.value) == 1:
-                env[t.value] = assign.value
-    opaque = {n for n, c in counts.items() if c > 1}
-    reader = Reader(env, is_call_to)
+    body = statements(kernel)
+    scope = Scope.of(body)
+    reader = Reader(scope.env, is_call_to)
     found: list[tuple[int, Mask, cst.Call]] = []
     for i, s in enumerate(body):
         for w in m.findall(s, m.Call(func=m.Attribute(attr=m.Name("where")) | m.Name("where"))):
@@ -186,7 +134,7 @@ def _analyse(kernel: cst.FunctionDef, facts: CallFacts, namespace: dict[str, Any
                 continue
             cond = w.args[0].value
             names = {n.value for n in m.findall(cond, m.Name()) if isinstance(n, cst.Name)}
-            if names & opaque:
+            if names & scope.rebound:
                 continue
             mask = reader.mask(cond)
             if mask is not None:
@@ -195,7 +143,7 @@ def _analyse(kernel: cst.FunctionDef, facts: CallFacts, namespace: dict[str, Any
     check(len(found) == 1, f"{len(found)} iota masks in the kernel: cannot tell which value they mask together")
     index, mask, where = found[0]
     check(
-        _fill_ok(where.args[2].value, namespace),
+        neutral_fill(where.args[2].value, namespace),
         f"the mask's fill `{code(where.args[2].value)}` is not 0 or a large negative module-level value",
     )
     stmt = body[index]
@@ -208,8 +156,7 @@ def _analyse(kernel: cst.FunctionDef, facts: CallFacts, namespace: dict[str, Any
         stop += 1
     region = body[start:stop]
     check(not any(m.findall(s, m.Return()) for s in region), "the compute returns early")
-    inside = set(_assigned_names(region))
-    before = set(_assigned_names(body[:start]))
+    inside, before = scope.bound_in(start, stop), scope.bound_in(0, start)
     check(not (inside & before), f"{sorted(inside & before)} are assigned both before and inside the compute")
     after_names = {n.value for s in body[stop:] for n in m.findall(s, m.Name()) if isinstance(n, cst.Name)}
     check(not (inside & after_names), f"{sorted(inside & after_names)} are computed in the masked part but used after")
@@ -218,8 +165,7 @@ def _analyse(kernel: cst.FunctionDef, facts: CallFacts, namespace: dict[str, Any
     axes = {a for c in mask.constraints() for a, _, _ in c.form.pids}
     skippable = [a for a in _reduction_axes(facts) if a in axes]
     check(len(skippable) == 1, "the mask does not depend on exactly one reduction grid axis")
-    pids = {a: n for a, n in _pid_locals(body[:start]).items() if n not in inside}
-    return _Analysis(kernel, start, stop, mask, skippable[0], pids)
+    return _Analysis(kernel, start, stop, mask, skippable[0], scope.pid_locals(start))
 
 
 def _wrap(a: _Analysis, pl: str) -> cst.FunctionDef:

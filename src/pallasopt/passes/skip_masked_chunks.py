@@ -15,8 +15,9 @@ from ..ir.builders import inline_names
 from ..ir.cst_edit import replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
-from ..ir.mask_bounds import Mask, Reader, bound_on_axis, static_value
+from ..ir.mask_bounds import Mask, Reader, bound_on_axis, neutral_fill, static_value
 from ..ir.matchers import Located, code, find_call_node, is_call_to, jnp_alias, kernel_function, module_names, pl_alias
+from ..ir.scope import Scope, params, statements
 from .base import Pass
 
 LOOP = -1  # the pseudo grid axis the loop counter stands for in the mask's linear forms
@@ -101,65 +102,6 @@ class SkipMaskedChunksPass(Pass):
         return ir.with_module(replace_many(loc.wrapper.module, {loop: new}), self.spec())
 
 
-def _single_assigned(stmts: list[cst.BaseStatement]) -> tuple[dict[str, cst.BaseExpression], set[str]]:
-    """Names this scope assigns exactly once by a plain `name = value` (nested defs and lambdas are their own
-    scopes: only their names count here), and the names it binds any other way or more than once (opaque)."""
-    counts: dict[str, int] = {}
-
-    class Binds(cst.CSTVisitor):
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            counts[node.name.value] = counts.get(node.name.value, 0) + 2
-            return False
-
-        def visit_Lambda(self, node: cst.Lambda) -> bool:
-            return False
-
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            plain = isinstance(node.target, cst.Name)
-            for n in m.findall(node.target, m.Name()):
-                if isinstance(n, cst.Name):
-                    counts[n.value] = counts.get(n.value, 0) + (1 if plain else 2)
-
-        def _other(self, target: cst.CSTNode | None) -> None:
-            for n in m.findall(target, m.Name()) if target is not None else ():
-                if isinstance(n, cst.Name):
-                    counts[n.value] = counts.get(n.value, 0) + 2
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            self._other(node.target)
-
-        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            self._other(node.target)
-
-        def visit_For(self, node: cst.For) -> None:
-            self._other(node.target)
-
-        def visit_AsName(self, node: cst.AsName) -> None:
-            self._other(node.name)
-
-    for s in stmts:
-        s.visit(Binds())
-    env: dict[str, cst.BaseExpression] = {}
-    for s in stmts:
-        if isinstance(s, cst.SimpleStatementLine):
-            for small in s.body:
-                if isinstance(small, cst.Assign) and len(small.targets) == 1:
-                    t = small.targets[0].target
-                    if isinstance(t, cst.Name) and counts.get(t.value) == 1:
-                        env[t.value] = small.value
-    return env, {n for n, c in counts.items() if c > 1 or n not in env}
-
-
-def _statements(fn: cst.FunctionDef) -> list[cst.BaseStatement]:
-    check(isinstance(fn.body, cst.IndentedBlock), f"`{fn.name.value}` is a one-line def")
-    assert isinstance(fn.body, cst.IndentedBlock)
-    return [s for s in fn.body.body if isinstance(s, cst.BaseStatement)]
-
-
-def _params(fn: cst.FunctionDef) -> list[cst.Param]:
-    return [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]
-
-
 def _body_def(kernel: cst.FunctionDef, loop: cst.Call) -> cst.FunctionDef:
     check(
         len(loop.args) == 4 and all(a.keyword is None for a in loop.args), "the fori_loop is not (lo, hi, body, init)"
@@ -167,9 +109,9 @@ def _body_def(kernel: cst.FunctionDef, loop: cst.Call) -> cst.FunctionDef:
     body = loop.args[2].value
     check(isinstance(body, cst.Name), "the loop body is not a function named in the kernel")
     assert isinstance(body, cst.Name)
-    defs = [s for s in _statements(kernel) if isinstance(s, cst.FunctionDef) and s.name.value == body.value]
+    defs = [s for s in statements(kernel) if isinstance(s, cst.FunctionDef) and s.name.value == body.value]
     check(len(defs) == 1, f"the loop body `{body.value}` is not defined once in the kernel")
-    check(len(_params(defs[0])) == 2, f"`{body.value}` does not take (index, carry)")
+    check(len(params(defs[0])) == 2, f"`{body.value}` does not take (index, carry)")
     return defs[0]
 
 
@@ -182,21 +124,21 @@ def _helper_scope(
     check(not any(a.star for a in call.args), f"`{helper.name.value}` is called with *args or **kwargs")
     positional = [a.value for a in call.args if a.keyword is None]
     keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-    params: dict[str, cst.BaseExpression] = {}
+    by_param: dict[str, cst.BaseExpression] = {}
     kwonly = {p.name.value for p in helper.params.kwonly_params}
-    for i, p in enumerate(_params(helper)):
+    for i, p in enumerate(params(helper)):
         name = p.name.value
         if i < len(positional) and name not in kwonly:
-            params[name] = positional[i]
+            by_param[name] = positional[i]
         elif name in keywords:
-            params[name] = keywords[name]
+            by_param[name] = keywords[name]
         else:
-            params[name] = p.default if p.default is not None else cst.Name(opaque_name)
-    env, opaque = _single_assigned(_statements(helper))
-    local: dict[str, cst.BaseExpression] = dict(env)
-    for name in opaque | (set(env) & set(params)):
+            by_param[name] = p.default if p.default is not None else cst.Name(opaque_name)
+    scope = Scope.of(statements(helper))
+    local: dict[str, cst.BaseExpression] = dict(scope.env)
+    for name in scope.opaque | (set(scope.env) & set(by_param)):
         local[name] = cst.Name(opaque_name)
-    return local, params
+    return local, by_param
 
 
 def _expand(
@@ -237,9 +179,7 @@ def _masks(
         if isinstance(w, cst.Call) and is_call_to(w, "where") and len(w.args) == 3:
             read(w.args[0].value, w.args[2].value, f"`{body.name.value}`")
     helpers = {
-        s.name.value: s
-        for s in [*module.body, *_statements(kernel)]
-        if isinstance(s, cst.FunctionDef) and s is not body
+        s.name.value: s for s in [*module.body, *statements(kernel)] if isinstance(s, cst.FunctionDef) and s is not body
     }
     for c in m.findall(body, m.Call(func=m.Name())):
         assert isinstance(c, cst.Call) and isinstance(c.func, cst.Name)
@@ -252,11 +192,6 @@ def _masks(
                 cond = _expand(w.args[0].value, local, params)
                 read(cond, w.args[2].value, f"`{helper.name.value}` (called from `{body.name.value}`)")
     return found
-
-
-def _fill_ok(fill: cst.BaseExpression, namespace: dict[str, Any]) -> bool:
-    value = static_value(code(fill), namespace)
-    return isinstance(value, int | float) and (value == 0 or value <= -1e9)
 
 
 def _positive(text: str, namespace: dict[str, Any], strides: set[str]) -> int | None:
@@ -285,17 +220,16 @@ def _new_bounds(
 ) -> tuple[str, str]:
     """Source texts of the loop's narrowed (lower, upper) bounds."""
     body = _body_def(kernel, loop)
-    counter = _params(body)[0].name.value
-    stmts = _statements(kernel)
+    counter = params(body)[0].name.value
+    stmts = statements(kernel)
     at = next(i for i, s in enumerate(stmts) if loop in set(m.findall(s, m.Call())))
-    kernel_env, kernel_opaque = _single_assigned(stmts)
-    body_env, body_opaque = _single_assigned(_statements(body))
-    clash = (set(body_env) | body_opaque) & set(kernel_env)
+    kernel_scope, body_scope = Scope.of(stmts), Scope.of(statements(body))
+    clash = body_scope.bound & set(kernel_scope.env)
     check(not clash, f"the loop body rebinds kernel locals {sorted(clash)}")
     opaque_name = "__pallasopt_opaque"
-    carry = _params(body)[1].name.value
-    env = {**kernel_env, **body_env}
-    for name in body_opaque | kernel_opaque | {carry}:
+    carry = params(body)[1].name.value
+    env = {**kernel_scope.env, **body_scope.env}
+    for name in body_scope.opaque | kernel_scope.opaque | {carry}:
         env.pop(name, None)
     reader = Reader(env, is_call_to, indices={counter: LOOP})
     found = _masks(module, kernel, body, reader, opaque_name)
@@ -304,11 +238,11 @@ def _new_bounds(
     mask = found[0].mask
     for f in found:
         check(
-            _fill_ok(f.fill, namespace),
+            neutral_fill(f.fill, namespace),
             f"the fill `{code(f.fill)}` of the mask in {f.where} is not 0 or a large negative value",
         )
     check(mask.conjunctive, "the mask has an `|`: its unmasked chunks are not one range")
-    pid_locals = _pid_locals(kernel_env, stmts[:at])
+    pid_locals = kernel_scope.pid_locals(at)
     strides = _ds_sizes(body) | _ds_sizes(module)
     bounds = [
         bound_on_axis(
@@ -320,7 +254,7 @@ def _new_bounds(
         for c in mask.constraints()
     ]
     check(any(b is not None for b in bounds), "cannot solve the mask for a range of chunks (is the stride positive?)")
-    visible = _visible(kernel, stmts[:at], module)
+    visible = _visible(kernel, kernel_scope.bound_in(0, at), module)
     used = set().union(*(c.form.names for c in mask.constraints()))
     hidden = sorted(n for n in used if n not in visible or n == opaque_name)
     check(not hidden, f"the mask reads {hidden}, which are not known where the loop starts")
@@ -336,27 +270,6 @@ def _new_bounds(
     return lower, upper
 
 
-def _pid_locals(env: dict[str, cst.BaseExpression], before: list[cst.BaseStatement]) -> dict[int, str]:
-    """Kernel locals bound (once, before the loop) to `program_id(axis)`, by axis."""
-    names = {n for s in before for n in _bound_here(s)}
-    out: dict[int, str] = {}
-    for name, value in env.items():
-        arg = value.args[0].value if isinstance(value, cst.Call) and len(value.args) == 1 else None
-        if name in names and is_call_to(value, "program_id") and isinstance(arg, cst.Integer):
-            out.setdefault(int(arg.evaluated_value), name)
-    return out
-
-
-def _bound_here(stmt: cst.BaseStatement) -> set[str]:
-    out: set[str] = set()
-    for t in m.findall(stmt, m.AssignTarget()):
-        assert isinstance(t, cst.AssignTarget)
-        out.update(n.value for n in m.findall(t.target, m.Name()) if isinstance(n, cst.Name))
-    return out
-
-
-def _visible(kernel: cst.FunctionDef, before: list[cst.BaseStatement], module: cst.Module) -> set[str]:
+def _visible(kernel: cst.FunctionDef, local: set[str], module: cst.Module) -> set[str]:
     """Names the loop's bounds may read: the kernel's parameters, its locals bound before the loop, module names."""
-    params = {p.name.value for p in _params(kernel)}
-    local = {n for s in before for n in _bound_here(s)}
-    return params | local | module_names(module) | set(dir(builtins))
+    return {p.name.value for p in params(kernel)} | local | module_names(module) | set(dir(builtins))

@@ -1,0 +1,127 @@
+"""What one function body binds, read from its source without running it: the locals assigned exactly once (and to
+what), the names bound any other way or more than once, where each is bound, and the locals that stand for
+`program_id(axis)`. The skip-masked passes read iota masks through these names (see `mask_bounds.Reader`).
+
+Python scoping, read statically: a nested `def` or `lambda` is its own scope (only the `def`'s name is bound here,
+plus the names it declares `nonlocal`); a store into a ref or an attribute (`o_ref[...] = x`, `a.b = x`) binds no
+name; `for`, `with ... as`, `except ... as`, `import`, augmented, annotated and `:=` assignments bind their names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+
+from ..errors import check
+from .matchers import is_call_to
+
+
+def statements(fn: cst.FunctionDef) -> list[cst.BaseStatement]:
+    """The function's top-level statements (declines a one-line def)."""
+    check(isinstance(fn.body, cst.IndentedBlock), f"`{fn.name.value}` is a one-line def")
+    assert isinstance(fn.body, cst.IndentedBlock)
+    return [s for s in fn.body.body if isinstance(s, cst.BaseStatement)]
+
+
+def params(fn: cst.FunctionDef) -> list[cst.Param]:
+    """The function's named parameters, in order (positional-only, positional, keyword-only)."""
+    return [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]
+
+
+def _target_names(target: cst.CSTNode) -> list[str]:
+    """Names an assignment target binds: a name, or the names of a (starred, nested) tuple or list of targets."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, cst.Tuple | cst.List):
+        return [n for e in target.elements for n in _target_names(e.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return []  # a subscript or attribute store binds no name
+
+
+def _binds(node: cst.CSTNode) -> list[str]:
+    """Names `node` binds in the scope that holds it, one entry a binding (of a nested def or class only its name,
+    and the names the def declares `nonlocal`)."""
+    if isinstance(node, cst.FunctionDef | cst.ClassDef):
+        declared = [d for d in m.findall(node.body, m.Nonlocal()) if isinstance(d, cst.Nonlocal)]
+        return [node.name.value, *(item.name.value for d in declared for item in d.names)]
+    if isinstance(node, cst.Lambda):
+        return []
+    here: list[str] = []
+    if isinstance(node, cst.Assign):
+        here = [n for t in node.targets for n in _target_names(t.target)]
+    elif isinstance(node, cst.AugAssign | cst.AnnAssign | cst.For | cst.NamedExpr):
+        here = _target_names(node.target)
+    elif isinstance(node, cst.AsName):
+        here = _target_names(node.name)
+    elif isinstance(node, cst.Import | cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+        here = [a.evaluated_name.split(".")[0] for a in node.names if a.asname is None]
+    return here + [n for child in node.children for n in _binds(child)]
+
+
+def _assigns(stmts: list[cst.BaseStatement]) -> list[tuple[cst.BaseExpression, cst.BaseExpression, bool]]:
+    """(target, value, plain) of each top-level assignment with one target, in source order; a tuple assignment of
+    equal lengths is split into one per element (`i, j = a, b`: `i = a` and `j = b`, not plain)."""
+    out: list[tuple[cst.BaseExpression, cst.BaseExpression, bool]] = []
+    for s in stmts:
+        for small in s.body if isinstance(s, cst.SimpleStatementLine) else ():
+            if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+                continue
+            t, v = small.targets[0].target, small.value
+            if isinstance(t, cst.Tuple) and isinstance(v, cst.Tuple) and len(t.elements) == len(v.elements):
+                if not any(isinstance(e, cst.StarredElement) for e in (*t.elements, *v.elements)):
+                    out += [(a.value, b.value, False) for a, b in zip(t.elements, v.elements, strict=True)]
+            else:
+                out.append((t, v, True))
+    return out
+
+
+def _pid_axis(value: cst.BaseExpression) -> int | None:
+    arg = value.args[0].value if isinstance(value, cst.Call) and len(value.args) == 1 else None
+    return int(arg.evaluated_value) if is_call_to(value, "program_id") and isinstance(arg, cst.Integer) else None
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The names one function body (its top-level statements) binds."""
+
+    env: Mapping[str, cst.BaseExpression]  # bound exactly once, by a top-level `name = value`: name -> value
+    bound: frozenset[str]  # every name bound here, any way
+    rebound: frozenset[str]  # names bound more than once
+    sites: Mapping[str, tuple[int, ...]]  # name -> indices of the top-level statements that bind it
+    pids: Mapping[str, int]  # bound exactly once, at the top level, to `program_id(axis)`: name -> axis
+
+    @classmethod
+    def of(cls, stmts: list[cst.BaseStatement]) -> Scope:
+        sites: dict[str, tuple[int, ...]] = {}
+        for i, stmt in enumerate(stmts):
+            for name in _binds(stmt):
+                sites[name] = (*sites.get(name, ()), i)
+        once = {n for n, at in sites.items() if len(at) == 1}
+        single = [(t.value, v, plain) for t, v, plain in _assigns(stmts) if isinstance(t, cst.Name) and t.value in once]
+        env = {name: v for name, v, plain in single if plain}  # that assignment is the name's only binding
+        pids = {name: axis for name, v, _ in single if (axis := _pid_axis(v)) is not None}
+        rebound = frozenset(n for n, at in sites.items() if len(at) > 1)
+        return cls(env, frozenset(sites), rebound, sites, pids)
+
+    @property
+    def opaque(self) -> frozenset[str]:
+        """Names bound here whose value the scope does not pin to one expression (bound twice, or not by a plain
+        top-level assignment)."""
+        return self.bound - set(self.env)
+
+    def bound_in(self, start: int, stop: int) -> set[str]:
+        """Names bound by the top-level statements `start` to `stop - 1`."""
+        return {n for n, at in self.sites.items() if any(start <= i < stop for i in at)}
+
+    def pid_locals(self, stop: int | None = None) -> dict[int, str]:
+        """Locals that alias `program_id(axis)` (`i = pl.program_id(0)`, `i, j = pl.program_id(0), ...`), bound by
+        the top-level statements before `stop` (all when None), by axis: the first one of each axis."""
+        out: dict[int, str] = {}
+        for name, axis in self.pids.items():  # in source order
+            if stop is None or self.sites[name][0] < stop:
+                out.setdefault(axis, name)
+        return out
