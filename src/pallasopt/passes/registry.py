@@ -14,6 +14,7 @@ from .dma_overlap import DmaOverlapPass
 from .epilogue import EpiloguePass
 from .fuse import FusePass
 from .grid_order import GridOrderPass
+from .lane_dense import LaneDensePass
 from .layout import LayoutPass
 from .llm_rewrite import LLMRewritePass
 from .multi_buffer import MultiBufferPass
@@ -39,6 +40,7 @@ PASSES: tuple[type[Pass], ...] = (
     FusePass,
     EpiloguePass,
     LayoutPass,
+    LaneDensePass,
     CostEstimatePass,
     LLMRewritePass,
 )
