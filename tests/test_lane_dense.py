@@ -1,0 +1,102 @@
+"""lane-dense: elementwise kernels with a narrow minor dim re-blocked as (rows, 128) in the wrapper."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pallasopt.cost_model.hardware import get_chip
+from pallasopt.cost_model.wrapper import wrapper_cost
+from pallasopt.errors import PassNotApplicable
+from pallasopt.harness.check import check_many
+from pallasopt.ir.kernel_ir import KernelIR
+from pallasopt.passes.lane_dense import LaneDensePass
+from pallasopt.search.tiers import model_tier
+
+KERNELS = Path(__file__).parent / "kernels" / "lane_dense"
+GELU = KERNELS / "gelu64.py"
+V5E = get_chip("v5e")
+
+
+@pytest.fixture(scope="module")
+def ir() -> KernelIR:
+    return KernelIR.from_file(GELU)
+
+
+def test_reblocks_a_64_wide_elementwise_kernel(ir: KernelIR) -> None:
+    # (256, 64) f32 blocks hold 128 lane-dense rows; 2x and 4x that divide the 512 rows of the (1024, 64) arrays.
+    assert LaneDensePass.choices(ir, V5E) == tuple(LaneDensePass(call=0, rows=r) for r in (128, 256, 512))
+    new = LaneDensePass(call=0).apply(ir)
+    call = new.calls[0]
+    assert call.grid == (4,)
+    assert {(o.shape, o.block_shape) for o in call.operands} == {((512, 128), (128, 128))}
+    src = new.source
+    assert "grid=(pl.cdiv(x.size // 128, 128),)," in src
+    assert "in_specs=[pl.BlockSpec((128, 128), lambda i: (i, 0)), pl.BlockSpec((128, 128), lambda i: (i, 0))]," in src
+    assert "out_specs=pl.BlockSpec((128, 128), lambda i: (i, 0))," in src
+    assert "out_shape=jax.ShapeDtypeStruct((x.size // 128, 128), x.dtype)," in src
+    assert ")(x.reshape(-1, 128), r.reshape(-1, 128)).reshape(x.shape)" in src
+    assert (
+        src.split("def _kernel")[1].split("def gelu_residual")[0]
+        == ir.source.split("def _kernel")[1].split("def gelu_residual")[0]
+    )  # the body is unchanged
+    assert LaneDensePass(call=0, rows=512).apply(ir).calls[0].grid == (1,)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "why"),
+    [
+        ("rowsum.py", "not elementwise: `reduce_sum` makes a \\(256,\\) value"),
+        ("iota.py", "not elementwise: the body uses `iota`"),
+        ("gelu64.py", "not elementwise: `transpose` makes a \\(64, 256\\) value"),
+        ("gelu64.py", "not elementwise: the body uses `program_id`"),
+    ],
+)
+def test_declines_bodies_that_are_not_elementwise(kernel: str, why: str) -> None:
+    source = (KERNELS / kernel).read_text()
+    if "transpose" in why:
+        source = source.replace("g + r_ref[...]", "(g + r_ref[...]).T.T")
+    elif "program_id" in why:
+        source = source.replace("g + r_ref[...]", "g + r_ref[...] * pl.program_id(0)")
+    ir = KernelIR.from_source(source, str(KERNELS / kernel))
+    assert LaneDensePass.choices(ir, V5E) == ()
+    with pytest.raises(PassNotApplicable, match=why):
+        LaneDensePass(call=0).apply(ir)
+
+
+def test_declines_a_broadcast_operand_and_a_lane_dense_call() -> None:
+    bias = (
+        GELU.read_text()
+        .replace("pl.BlockSpec((BM, D), lambda i: (i, 0))]", "pl.BlockSpec((1, D), lambda i: (0, 0))]")
+        .replace("(x, r)\n", "(x, r[:1])\n")
+    )
+    with pytest.raises(PassNotApplicable, match="same shape and block shape"):
+        LaneDensePass(call=0).apply(KernelIR.from_source(bias, str(GELU)))
+    wide = GELU.read_text().replace("D=64", "D=256")
+    with pytest.raises(PassNotApplicable, match="already a multiple of 128"):
+        LaneDensePass(call=0).apply(KernelIR.from_source(wide, str(GELU)))
+
+
+def test_declines_rows_off_the_sublane_tile(ir: KernelIR) -> None:
+    with pytest.raises(PassNotApplicable, match="sublane tile"):
+        LaneDensePass(call=0, rows=12).apply(ir)
+
+
+def test_the_model_charges_the_wrapper_relayouts(ir: KernelIR) -> None:
+    new = LaneDensePass(call=0).apply(ir)
+    assert wrapper_cost(ir).bytes == 0
+    cost = wrapper_cost(new)
+    # On TPU a reshape that moves the minor dim is a relayout: each of x, r and the result is read and written once.
+    assert sorted(cost.ops) == ["reshape"] * 3 and cost.bytes == 3 * 2 * 1024 * 64 * 4
+    before, after = model_tier(ir, V5E), model_tier(new, V5E)
+    assert after.data["wrapper_s"] == pytest.approx(cost.bytes / V5E.device_hbm_bw_bytes_s)
+    # The body's vector work no longer pays for 64 idle lanes of each vreg: half the VPU and EUP time.
+    vpu = [c["vpu_s"] + c["eup_s"] for c in (before.data["calls"][0], after.data["calls"][0])]
+    assert vpu[1] == pytest.approx(vpu[0] / 2)
+
+
+def test_every_choice_matches_the_reference(ir: KernelIR) -> None:
+    sources = [c.apply(ir).source for c in LaneDensePass.choices(ir, V5E)]
+    results = check_many(sources, str(GELU), seeds=(0,))
+    assert sources and all(r.ok for r in results), [r.message for r in results]
