@@ -12,6 +12,7 @@ from pallasopt.errors import PassNotApplicable
 from pallasopt.harness.check import check_many
 from pallasopt.ir.kernel_ir import KernelIR
 from pallasopt.passes.lane_dense import LaneDensePass
+from pallasopt.passes.lane_dense_stats import LaneDenseStatsPass
 from pallasopt.search.tiers import model_tier
 
 KERNELS = Path(__file__).parent / "kernels" / "lane_dense"
@@ -100,3 +101,45 @@ def test_every_choice_matches_the_reference(ir: KernelIR) -> None:
     sources = [c.apply(ir).source for c in LaneDensePass.choices(ir, V5E)]
     results = check_many(sources, str(GELU), seeds=(0,))
     assert sources and all(r.ok for r in results), [r.message for r in results]
+
+
+STATS = KERNELS / "sumsq_rows.py"
+
+
+def test_stats_output_stored_lane_major() -> None:
+    ir = KernelIR.from_file(STATS)
+    assert LaneDenseStatsPass.choices(ir, V5E) == (LaneDenseStatsPass(call=0, output=0),)
+    assert LaneDensePass.choices(ir, V5E) == ()  # a reduction, and the operands differ
+    new = LaneDenseStatsPass(call=0, output=0).apply(ir)
+    out = new.calls[0].outputs[0]
+    assert (out.shape, out.block_shape, out.index_map.depends_on) == ((1, 1024), (1, 256), ((), (0,)))
+    src = new.source
+    assert "o_ref[...] = jnp.zeros_like(o_ref)\n" in src  # already the block's shape
+    assert "o_ref[...] += jnp.sum(x * x, axis=-1, keepdims=True).reshape(o_ref.shape)" in src
+    assert "out_specs=pl.BlockSpec((1, BM), lambda i, k: (0, i))," in src
+    assert "out_shape=jax.ShapeDtypeStruct((1, M), jnp.float32)," in src
+    assert ")(x).reshape(-1, 1)" in src
+    cost = wrapper_cost(new)  # the (1, M) -> (M, 1) relayout: read and write M floats
+    assert cost.ops == ("reshape",) and cost.bytes == 2 * 1024 * 4
+    checked = check_many([src], str(STATS), seeds=(0,))
+    assert checked[0].ok, checked[0].message
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "why"),
+    [
+        ("jnp.zeros_like(o_ref)", "jnp.zeros(o_ref.shape, jnp.float32)", "o_ref is used as `o_ref.shape`"),
+        ("BM, BK = 256, 256", "BM, BK = 64, 256", "64-row block is not a multiple of 128"),
+    ],
+)
+def test_stats_declines(old: str, new: str, why: str) -> None:
+    source = STATS.read_text().replace(old, new)
+    ir = KernelIR.from_source(source, str(STATS))
+    assert LaneDenseStatsPass.choices(ir, V5E) == ()
+    with pytest.raises(PassNotApplicable, match=why):
+        LaneDenseStatsPass(call=0, output=0).apply(ir)
+
+
+def test_stats_declines_a_wide_output(ir: KernelIR) -> None:
+    with pytest.raises(PassNotApplicable, match="not a blocked \\(M, 1\\) array"):
+        LaneDenseStatsPass(call=0, output=0).apply(ir)

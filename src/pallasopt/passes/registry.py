@@ -15,6 +15,7 @@ from .epilogue import EpiloguePass
 from .fuse import FusePass
 from .grid_order import GridOrderPass
 from .lane_dense import LaneDensePass
+from .lane_dense_stats import LaneDenseStatsPass
 from .layout import LayoutPass
 from .llm_rewrite import LLMRewritePass
 from .multi_buffer import MultiBufferPass
@@ -41,6 +42,7 @@ PASSES: tuple[type[Pass], ...] = (
     EpiloguePass,
     LayoutPass,
     LaneDensePass,
+    LaneDenseStatsPass,
     CostEstimatePass,
     LLMRewritePass,
 )
