@@ -1,6 +1,6 @@
 """A chain of activations (exact GELU, Mish, sigmoid gate) on (rows, 32) f32 feature maps in (BM, 32) row blocks:
-the body is vector-bound (several transcendentals per element) and uses a quarter of the 128 lanes, so lane-dense
-re-blocking pays even after the wrapper's relayouts."""
+the body is vector-heavy (several transcendentals per element) and uses a quarter of the 128 lanes, so lane-dense
+re-blocking cuts its vector work 4x; whether that beats the wrapper's relayouts is the trade the model weighs."""
 
 import jax
 import jax.numpy as jnp
