@@ -11,6 +11,7 @@ from pallasopt.cost_model.wrapper import wrapper_cost
 from pallasopt.errors import PassNotApplicable
 from pallasopt.harness.check import check_many
 from pallasopt.ir.kernel_ir import KernelIR
+from pallasopt.passes.accumulate import AccumulateInScratchPass
 from pallasopt.passes.lane_dense import LaneDensePass
 from pallasopt.passes.lane_dense_stats import LaneDenseStatsPass
 from pallasopt.search.tiers import model_tier
@@ -159,3 +160,14 @@ def test_the_model_sees_both_sides_of_the_trade(ir: KernelIR) -> None:
     assert (after.time_s < before.time_s) == (saved > after.data["wrapper_s"])
     gelu = [model_tier(x, V5E).time_s for x in (ir, LaneDensePass(call=0).apply(ir))]
     assert gelu[1] > gelu[0]
+
+
+def test_stats_after_accumulate_in_scratch_stores_once() -> None:
+    """With the sum kept in a (BM, 1) scratch, the lane-major store (and its relayout) happens once per row block."""
+    acc = AccumulateInScratchPass(call=0, output=0).apply(KernelIR.from_file(STATS))
+    assert LaneDenseStatsPass.choices(acc, V5E) == (LaneDenseStatsPass(call=0, output=0),)
+    new = LaneDenseStatsPass(call=0, output=0).apply(acc)
+    assert new.source.count(".reshape(o_ref.shape)") == 1
+    assert new.calls[0].outputs[0].block_shape == (1, 256) and new.calls[0].scratch[0].shape == (256, 1)
+    checked = check_many([new.source], str(STATS), seeds=(0,))
+    assert checked[0].ok, checked[0].message
