@@ -164,3 +164,10 @@ def swapped_blockspec(spec: cst.Call, affine: Sequence[Sequence[int]], n_grid: i
     rest = [x for x in spec.args if x.keyword is not None and x.keyword.value not in ("block_shape", "index_map")]
     new_shape = cst.parse_expression(f"({', '.join(dims)})")
     return spec.with_changes(args=[cst.Arg(new_shape), cst.Arg(index_map_expr(names, results)), *rest])
+
+
+def operand_text(expr: cst.BaseExpression) -> str:
+    """`expr` as the operand of an attribute access (`<expr>.reshape(...)`): parenthesized unless it is a name, an
+    attribute, a call or a subscript."""
+    simple = isinstance(expr, cst.Name | cst.Attribute | cst.Call | cst.Subscript)
+    return code(expr) if simple else f"({code(expr)})"

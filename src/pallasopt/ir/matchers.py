@@ -303,6 +303,19 @@ def kernel_function(loc: Located, call: cst.Call) -> cst.FunctionDef | None:
     return None
 
 
+def call_kernel(loc: Located, call: CallFacts, n_refs: int) -> tuple[cst.Call, cst.FunctionDef, tuple[str, ...]]:
+    """The pallas_call node that made `call`, its kernel function and the kernel's ref names (declines when the
+    kernel cannot be found or takes fewer than `n_refs` positional refs)."""
+    node = find_call_node(loc, call)
+    kernel = kernel_function(loc, node)
+    check(kernel is not None, "cannot find the kernel function")
+    assert kernel is not None
+    refs = kernel_refs(kernel)
+    check(refs is not None and len(refs) >= n_refs, "the kernel's parameters do not match its refs")
+    assert refs is not None
+    return node, kernel, refs
+
+
 @dataclass(frozen=True)
 class CallSite:
     """Where a pallas_call is applied in the wrapper: `pl.pallas_call(...)(x, w)` directly, or through a local name

@@ -11,9 +11,9 @@ from typing import Any, ClassVar
 import libcst as cst
 
 from ..cost_model.hardware import Chip
-from ..cost_model.wrapper import ELEMENTWISE
+from ..cost_model.wrapper import CALLS, ELEMENTWISE, inner_jaxprs
 from ..errors import KernelError, PassNotApplicable, check
-from ..ir.builders import substitute
+from ..ir.builders import operand_text, substitute
 from ..ir.cst_edit import compiler_params_call, replace_many, set_keyword, shared_compiler_params, with_replaced
 from ..ir.facts import CallFacts, dtype_bytes
 from ..ir.kernel_ir import KernelIR, kernel_jaxpr
@@ -38,17 +38,6 @@ MAX_STEPS = 65_536  # grids enumerated to check that the blocks tile the arrays 
 # Elementwise work a lane-dense re-blocking leaves unchanged: the wrapper's elementwise set without its broadcasts
 # (a broadcast is allowed only from a single element, checked below), plus ref reads and writes of whole blocks.
 BODY_OPS = (ELEMENTWISE - {"broadcast_in_dim"}) | {"copy", "copy_p", "stop_gradient"}
-CALLS = frozenset({"pjit", "jit", "custom_jvp_call", "custom_vjp_call", "closed_call"})
-
-
-def _inner_jaxprs(eqn: Any) -> list[Any]:
-    out = []
-    for v in eqn.params.values():
-        for item in v if isinstance(v, tuple | list) else (v,):
-            j = getattr(item, "jaxpr", item)
-            if hasattr(j, "eqns"):
-                out.append(j)
-    return out
 
 
 def _size(v: Any) -> int:
@@ -78,7 +67,7 @@ def elementwise_problem(jaxpr: Any, block: tuple[int, ...], refs: frozenset[Any]
             if _size(eqn.invars[0]) != 1:
                 return f"a broadcast of a {tuple(eqn.invars[0].aval.shape)} value"
         elif name in CALLS:
-            for inner in _inner_jaxprs(eqn):
+            for inner in inner_jaxprs(eqn):
                 why = elementwise_problem(inner, block, frozenset())
                 if why is not None:
                     return why
@@ -267,9 +256,7 @@ def _edits(loc: Located, node: cst.Call, facts: CallFacts, rows: int) -> dict[cs
 
 
 def _reshaped(operand: cst.BaseExpression) -> cst.BaseExpression:
-    simple = isinstance(operand, cst.Name | cst.Attribute | cst.Call | cst.Subscript)
-    text = code(operand) if simple else f"({code(operand)})"
-    return cst.parse_expression(f"{text}.reshape(-1, {LANES})")
+    return cst.parse_expression(f"{operand_text(operand)}.reshape(-1, {LANES})")
 
 
 def _dense_struct(loc: Located, node: cst.Call, struct: cst.BaseExpression | None, x: str) -> str:

@@ -11,19 +11,17 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
-from ..ir.builders import substitute, swapped_blockspec
+from ..ir.builders import operand_text, substitute, swapped_blockspec
 from ..ir.cst_edit import replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     Located,
+    call_kernel,
     call_site,
     code,
     descendants,
-    find_call_node,
     is_call_to,
-    kernel_function,
-    kernel_refs,
     keyword,
     resolve,
     spec_site,
@@ -102,21 +100,7 @@ def _stored_like(loc: Located, arg: cst.Arg, ref: str) -> bool:
 
 
 def _reshaped(value: cst.BaseExpression, ref: str) -> cst.BaseExpression:
-    simple = isinstance(value, cst.Name | cst.Attribute | cst.Call | cst.Subscript)
-    text = code(value) if simple else f"({code(value)})"
-    return cst.parse_expression(f"{text}.reshape({ref}.shape)")
-
-
-def _located(ir: KernelIR, facts: CallFacts) -> tuple[Located, cst.Call, cst.FunctionDef, tuple[str, ...]]:
-    loc = Located.of(ir.module)
-    node = find_call_node(loc, facts)
-    kernel = kernel_function(loc, node)
-    check(kernel is not None, "cannot find the kernel function")
-    assert kernel is not None
-    refs = kernel_refs(kernel)
-    check(refs is not None and len(refs) >= len(facts.operands), "the kernel's parameters do not match its refs")
-    assert refs is not None
-    return loc, node, kernel, refs
+    return cst.parse_expression(f"{operand_text(value)}.reshape({ref}.shape)")
 
 
 @dataclass(frozen=True)
@@ -143,7 +127,8 @@ class LaneDenseStatsPass(Pass):
                 if candidate(c, j) is not None:
                     continue
                 try:
-                    loc, _, kernel, refs = _located(ir, c)
+                    loc = Located.of(ir.module)
+                    _, kernel, refs = call_kernel(loc, c, len(c.operands))
                 except PassNotApplicable:
                     continue
                 if not isinstance(store_edits(loc, kernel, refs[len(c.inputs) + j]), str):
@@ -157,7 +142,8 @@ class LaneDenseStatsPass(Pass):
         check(why is None, why or "")
         op = facts.outputs[self.output]
         assert op.index_map.affine is not None
-        loc, node, kernel, refs = _located(ir, facts)
+        loc = Located.of(ir.module)
+        node, kernel, refs = call_kernel(loc, facts, len(facts.operands))
         ref = refs[len(facts.inputs) + self.output]
         body = store_edits(loc, kernel, ref)
         check(not isinstance(body, str), str(body))

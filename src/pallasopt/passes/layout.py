@@ -11,12 +11,13 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
-from ..ir.builders import swapped_blockspec
+from ..ir.builders import operand_text, swapped_blockspec
 from ..ir.cst_edit import replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     Located,
+    call_kernel,
     call_site,
     code,
     find_call_node,
@@ -182,13 +183,7 @@ class LayoutPass(Pass):
         op = facts.inputs[self.operand]
         assert op.index_map.affine is not None
         loc = Located.of(ir.module)
-        node = find_call_node(loc, facts)
-        kernel = kernel_function(loc, node)
-        check(kernel is not None, "cannot find the kernel function")
-        assert kernel is not None
-        refs = kernel_refs(kernel)
-        check(refs is not None and len(refs) >= len(facts.inputs), "the kernel's parameters do not match its refs")
-        assert refs is not None
+        node, kernel, refs = call_kernel(loc, facts, len(facts.inputs))
         ref = refs[self.operand]
         body_edits = transposed_uses(loc, kernel, ref)
         check(body_edits is not None, f"the kernel uses {ref} other than as a transposed read of {ref}[...]")
@@ -200,8 +195,7 @@ class LayoutPass(Pass):
         where, spec = spec_site(loc, node, self.operand, len(facts.operands))
         edits[where] = swapped_blockspec(spec, op.index_map.affine, len(facts.grid))
         operand = site.operands[self.operand]
-        simple = isinstance(operand, cst.Name | cst.Attribute | cst.Call | cst.Subscript)
-        text = code(operand) if simple else f"({code(operand)})"
+        text = operand_text(operand)
         edits[operand] = cst.parse_expression(f"{text}.T" if len(op.shape) == 2 else f"{text}.swapaxes(-1, -2)")
         try:
             new = ir.with_module(replace_many(loc.wrapper.module, edits), self.spec())
