@@ -109,7 +109,7 @@ def _moves(eqn: Any) -> bool:
     return False
 
 
-def _inner(eqn: Any) -> list[Any]:
+def inner_jaxprs(eqn: Any) -> list[Any]:
     """The jaxprs a wrapper equation runs (`jnp.pad` traces as a `pjit` around `pad`); none for a pallas_call."""
     if eqn.primitive.name == "pallas_call":
         return []
@@ -127,7 +127,7 @@ def _elementwise(eqn: Any) -> bool:
     if name in ELEMENTWISE:
         return True
     if name in CALLS:
-        subs = _inner(eqn)
+        subs = inner_jaxprs(eqn)
         return bool(subs) and all(_elementwise(e) for j in subs for e in j.eqns)
     return False
 
@@ -175,7 +175,7 @@ def wrapper_cost_of_jaxpr(jaxpr: Any) -> WrapperCost:
         if _moves(eqn):
             total += sum(_nbytes(v.aval) for v in eqn.invars) + sum(_nbytes(v.aval) for v in eqn.outvars)
             ops.append(eqn.primitive.name)
-        for sub in _inner(eqn):
+        for sub in inner_jaxprs(eqn):
             inner = wrapper_cost_of_jaxpr(sub)
             total += inner.bytes
             ops.extend(inner.ops)

@@ -9,7 +9,8 @@ from typing import TypeVar
 import libcst as cst
 import libcst.matchers as m
 
-from .matchers import PROGRAM_ID, code
+from ..errors import check
+from .matchers import PROGRAM_ID, blockspec_parts, code
 
 N = TypeVar("N", bound=cst.CSTNode)
 
@@ -139,3 +140,34 @@ def substitute(node: N, mapping: Mapping[cst.CSTNode, cst.CSTNode]) -> N:
     out = node.visit(Replacer())
     assert isinstance(out, cst.CSTNode)
     return out  # type: ignore[return-value]
+
+
+def _swap(xs: tuple[str, ...]) -> tuple[str, ...]:
+    return (*xs[:-2], xs[-1], xs[-2])
+
+
+def swapped_blockspec(spec: cst.Call, affine: Sequence[Sequence[int]], n_grid: int) -> cst.Call:
+    """The BlockSpec of a transposed operand: the last two block dims and index-map results in the other order (the
+    map as written when it is a lambda of the grid indices returning a tuple, else from the traced affine rows)."""
+    shape, _ = blockspec_parts(spec)
+    check(isinstance(shape, cst.Tuple | cst.List) and len(shape.elements) >= 2, "the block shape is not a tuple")
+    assert isinstance(shape, cst.Tuple | cst.List)
+    dims = _swap(tuple(code(e.value) for e in shape.elements))
+    _, imap = blockspec_parts(spec)
+    params = [p.name.value for p in imap.params.params] if isinstance(imap, cst.Lambda) else []
+    names = params if len(params) == n_grid else [f"g{i}" for i in range(n_grid)]
+    body = imap.body if isinstance(imap, cst.Lambda) else None
+    if isinstance(body, cst.Tuple) and len(body.elements) == len(dims) and len(params) == n_grid:
+        results = list(_swap(tuple(code(e.value) for e in body.elements)))  # as written: dims-generic
+    else:  # from the traced affine map (an axis of extent 1 at the traced dims reads as a constant)
+        results = list(_swap(tuple(affine_results(affine, names, {i: i for i in range(n_grid)}))))
+    rest = [x for x in spec.args if x.keyword is not None and x.keyword.value not in ("block_shape", "index_map")]
+    new_shape = cst.parse_expression(f"({', '.join(dims)})")
+    return spec.with_changes(args=[cst.Arg(new_shape), cst.Arg(index_map_expr(names, results)), *rest])
+
+
+def operand_text(expr: cst.BaseExpression) -> str:
+    """`expr` as the operand of an attribute access (`<expr>.reshape(...)`): parenthesized unless it is a name, an
+    attribute, a call or a subscript."""
+    simple = isinstance(expr, cst.Name | cst.Attribute | cst.Call | cst.Subscript)
+    return code(expr) if simple else f"({code(expr)})"

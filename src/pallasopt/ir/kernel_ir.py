@@ -10,11 +10,11 @@ from pathlib import Path
 
 import libcst as cst
 
-from ..errors import KernelError
+from ..errors import KernelError, check
 from ..pyparse import parse_module
 from ..workload import Workload, load_source, read_file
 from .facts import CallFacts
-from .trace import trace_calls
+from .trace import find_pallas_call_chains, trace_calls, trace_entry
 
 
 def source_digest(source: str) -> str:
@@ -77,3 +77,12 @@ class KernelIR:
 
     def with_source(self, source: str, applied: str) -> KernelIR:
         return KernelIR.from_source(source, self.path, (*self.recipe, applied))
+
+
+def kernel_jaxpr(ir: KernelIR, call: int, dims: dict[str, int] | None = None) -> object:
+    """The kernel body jaxpr of pallas_call `call`, traced at `dims` (default: the module's)."""
+    check(ir.workload is not None, "the IR has no loaded workload to trace")
+    assert ir.workload is not None
+    chains = find_pallas_call_chains(trace_entry(ir.workload, dims).jaxpr)
+    check(call < len(chains), f"no pallas_call #{call} when traced at {dims}")
+    return chains[call][-1].params["jaxpr"]

@@ -257,6 +257,26 @@ def grid_spec_keyword(loc: Located, call: cst.Call, key: str) -> tuple[cst.Call,
     return call, arg
 
 
+def spec_site(
+    loc: Located, node: cst.Call, operand: int, n_operands: int, n_inputs: int | None = None
+) -> tuple[cst.CSTNode, cst.Call]:
+    """Where operand `operand`'s new BlockSpec goes (index into inputs then outputs; its element of an in_specs or
+    out_specs list in place, so a spec shared with other operands is left to them; else the spec itself, when not
+    shared) and the spec it starts from. `n_inputs` (default: every operand is an input) tells outputs apart."""
+    specs = spec_nodes(loc, node)
+    check(len(specs) == n_operands, "cannot read every BlockSpec")
+    spec = specs[operand]
+    check(is_blockspec(spec), f"operand {operand}'s spec is not a BlockSpec(...)")
+    assert isinstance(spec, cst.Call)
+    n_in = n_operands if n_inputs is None else n_inputs
+    key, position = ("in_specs", operand) if operand < n_in else ("out_specs", operand - n_in)
+    _, arg = grid_spec_keyword(loc, node, key)
+    if arg is not None and isinstance(arg.value, cst.List | cst.Tuple) and len(arg.value.elements) > position:
+        return arg.value.elements[position].value, spec
+    check(sum(s is spec for s in specs) == 1, "the BlockSpec is shared with another operand")
+    return spec, spec
+
+
 def kernel_function(loc: Located, call: cst.Call) -> cst.FunctionDef | None:
     """The module-level function a pallas_call runs as its kernel (directly or through functools.partial)."""
     first = call.args[0].value if call.args and call.args[0].keyword is None else None
@@ -281,6 +301,19 @@ def kernel_function(loc: Located, call: cst.Call) -> cst.FunctionDef | None:
             return None
         hops += 1
     return None
+
+
+def call_kernel(loc: Located, call: CallFacts, n_refs: int) -> tuple[cst.Call, cst.FunctionDef, tuple[str, ...]]:
+    """The pallas_call node that made `call`, its kernel function and the kernel's ref names (declines when the
+    kernel cannot be found or takes fewer than `n_refs` positional refs)."""
+    node = find_call_node(loc, call)
+    kernel = kernel_function(loc, node)
+    check(kernel is not None, "cannot find the kernel function")
+    assert kernel is not None
+    refs = kernel_refs(kernel)
+    check(refs is not None and len(refs) >= n_refs, "the kernel's parameters do not match its refs")
+    assert refs is not None
+    return node, kernel, refs
 
 
 @dataclass(frozen=True)

@@ -11,23 +11,21 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
-from ..ir.builders import affine_results, index_map_expr
+from ..ir.builders import operand_text, swapped_blockspec
 from ..ir.cst_edit import replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     Located,
-    blockspec_parts,
+    call_kernel,
     call_site,
     code,
     find_call_node,
-    grid_spec_keyword,
-    is_blockspec,
     kernel_function,
     kernel_refs,
     keyword,
     resolve_local,
-    spec_nodes,
+    spec_site,
 )
 from .base import Pass
 
@@ -185,13 +183,7 @@ class LayoutPass(Pass):
         op = facts.inputs[self.operand]
         assert op.index_map.affine is not None
         loc = Located.of(ir.module)
-        node = find_call_node(loc, facts)
-        kernel = kernel_function(loc, node)
-        check(kernel is not None, "cannot find the kernel function")
-        assert kernel is not None
-        refs = kernel_refs(kernel)
-        check(refs is not None and len(refs) >= len(facts.inputs), "the kernel's parameters do not match its refs")
-        assert refs is not None
+        node, kernel, refs = call_kernel(loc, facts, len(facts.inputs))
         ref = refs[self.operand]
         body_edits = transposed_uses(loc, kernel, ref)
         check(body_edits is not None, f"the kernel uses {ref} other than as a transposed read of {ref}[...]")
@@ -200,11 +192,10 @@ class LayoutPass(Pass):
         check(site is not None, "the pallas_call is not applied to positional operands in place")
         assert site is not None
         edits = dict(body_edits)
-        where, spec = _spec_site(loc, node, self.operand, len(facts.operands))
-        edits[where] = _swapped_spec(spec, op.index_map.affine, len(facts.grid))
+        where, spec = spec_site(loc, node, self.operand, len(facts.operands))
+        edits[where] = swapped_blockspec(spec, op.index_map.affine, len(facts.grid))
         operand = site.operands[self.operand]
-        simple = isinstance(operand, cst.Name | cst.Attribute | cst.Call | cst.Subscript)
-        text = code(operand) if simple else f"({code(operand)})"
+        text = operand_text(operand)
         edits[operand] = cst.parse_expression(f"{text}.T" if len(op.shape) == 2 else f"{text}.swapaxes(-1, -2)")
         try:
             new = ir.with_module(replace_many(loc.wrapper.module, edits), self.spec())
@@ -216,37 +207,3 @@ class LayoutPass(Pass):
             f"the rewrite traced to shape {got.shape}, block {got.block_shape}",
         )
         return new
-
-
-def _spec_site(loc: Located, node: cst.Call, operand: int, n_operands: int) -> tuple[cst.CSTNode, cst.Call]:
-    """Where the operand's new BlockSpec goes (its element of an in_specs list in place, so a spec shared with
-    other operands is left to them; else the spec itself, when not shared) and the spec it starts from."""
-    specs = spec_nodes(loc, node)
-    check(len(specs) == n_operands, "cannot read every BlockSpec")
-    spec = specs[operand]
-    check(is_blockspec(spec), f"input {operand}'s spec is not a BlockSpec(...)")
-    assert isinstance(spec, cst.Call)
-    _, arg = grid_spec_keyword(loc, node, "in_specs")
-    if arg is not None and isinstance(arg.value, cst.List | cst.Tuple) and len(arg.value.elements) > operand:
-        return arg.value.elements[operand].value, spec
-    check(sum(s is spec for s in specs) == 1, "the BlockSpec is shared with another operand")
-    return spec, spec
-
-
-def _swapped_spec(spec: cst.Call, affine: tuple[tuple[int, ...], ...], n_grid: int) -> cst.Call:
-    """The BlockSpec of the transposed operand: the last two block dims and index-map results in the other order."""
-    shape, _ = blockspec_parts(spec)
-    check(isinstance(shape, cst.Tuple | cst.List) and len(shape.elements) >= 2, "the block shape is not a tuple")
-    assert isinstance(shape, cst.Tuple | cst.List)
-    dims = _swap(tuple(code(e.value) for e in shape.elements))
-    _, imap = blockspec_parts(spec)
-    params = [p.name.value for p in imap.params.params] if isinstance(imap, cst.Lambda) else []
-    names = params if len(params) == n_grid else [f"g{i}" for i in range(n_grid)]
-    body = imap.body if isinstance(imap, cst.Lambda) else None
-    if isinstance(body, cst.Tuple) and len(body.elements) == len(dims) and len(params) == n_grid:
-        results = list(_swap(tuple(code(e.value) for e in body.elements)))  # as written: dims-generic
-    else:  # from the traced affine map (an axis of extent 1 at the traced dims reads as a constant)
-        results = list(_swap(tuple(affine_results(affine, names, {i: i for i in range(n_grid)}))))
-    rest = [x for x in spec.args if x.keyword is not None and x.keyword.value not in ("block_shape", "index_map")]
-    new_shape = cst.parse_expression(f"({', '.join(dims)})")
-    return spec.with_changes(args=[cst.Arg(new_shape), cst.Arg(index_map_expr(names, results)), *rest])

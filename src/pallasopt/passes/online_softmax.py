@@ -13,7 +13,7 @@ from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import fresh_name
 from ..ir.cst_edit import add_scratch, ensure_pltpu, replace_many
 from ..ir.facts import CallFacts, Operand
-from ..ir.kernel_ir import KernelIR
+from ..ir.kernel_ir import KernelIR, kernel_jaxpr
 from ..ir.matchers import (
     Located,
     blockspec_parts,
@@ -32,7 +32,6 @@ from ..ir.matchers import (
     used_names,
 )
 from ..ir.softmax_form import SoftmaxForm, match_softmax
-from ..ir.trace import find_pallas_call_chains, trace_entry
 from .base import Pass
 
 # Lane-aligned chunk sizes `choices` offers: those below the row length that divide it at the traced dims and at
@@ -53,15 +52,6 @@ def candidate(call: CallFacts) -> bool:
         and {"reduce_max", "exp", "reduce_sum"} <= prims
         and not prims & {"cond", "while", "scan"}
     )
-
-
-def kernel_jaxpr(ir: KernelIR, call: int, dims: dict[str, int] | None = None) -> object:
-    """The kernel body jaxpr of pallas_call `call`, traced at `dims` (default: the module's)."""
-    check(ir.workload is not None, "the IR has no loaded workload to trace")
-    assert ir.workload is not None
-    chains = find_pallas_call_chains(trace_entry(ir.workload, dims).jaxpr)
-    check(call < len(chains), f"no pallas_call #{call} when traced at {dims}")
-    return chains[call][-1].params["jaxpr"]
 
 
 def _form(ir: KernelIR, facts: CallFacts, dims: dict[str, int] | None = None) -> SoftmaxForm:

@@ -14,6 +14,8 @@ from .dma_overlap import DmaOverlapPass
 from .epilogue import EpiloguePass
 from .fuse import FusePass
 from .grid_order import GridOrderPass
+from .lane_dense import LaneDensePass
+from .lane_dense_stats import LaneDenseStatsPass
 from .layout import LayoutPass
 from .llm_rewrite import LLMRewritePass
 from .multi_buffer import MultiBufferPass
@@ -39,6 +41,8 @@ PASSES: tuple[type[Pass], ...] = (
     FusePass,
     EpiloguePass,
     LayoutPass,
+    LaneDensePass,
+    LaneDenseStatsPass,
     CostEstimatePass,
     LLMRewritePass,
 )
