@@ -23,7 +23,7 @@ class MeetingTiers:
     run one after the other, the wait would time out and the check fail."""
 
     def __init__(self) -> None:
-        self.meet = threading.Barrier(2, timeout=60)
+        self.meet = threading.Barrier(2, timeout=240)  # generous: a loaded 2-core CI machine is slow, not serial
         self.seen: set[str] = set()
         self.lock = threading.Lock()
 
@@ -73,7 +73,8 @@ def test_kernels_run_at_the_same_time_and_rows_keep_suite_order(tmp_path) -> Non
         jobs=1,
     )
     console.file.close()
-    assert [r.kernel for r in rows] == ["a_matmul", "b_matmul"] and all(r.correct for r in rows)
+    assert [r.kernel for r in rows] == ["a_matmul", "b_matmul"]
+    assert all(r.correct for r in rows), [(r.kernel, r.error, r.correct) for r in rows]
     assert all(r.xla is not None for r in rows)  # the estimator ran for each (one at a time)
     assert [r["kernel"] for r in json.loads(paths["json"].read_text())["rows"]] == ["a_matmul", "b_matmul"]
     assert kernels_in_flight(slots=64, jobs=2, kernels=50) == 32 and kernels_in_flight(2, 2, 50) == 2
