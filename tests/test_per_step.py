@@ -174,6 +174,27 @@ def test_block_sparse_tables_are_materialized_and_evaluated() -> None:
     assert estimate_call(call, V5E).mxu_s == pytest.approx(8 * dense_block)
 
 
+def test_a_table_program_already_evaluated_is_served_without_a_compile(monkeypatch) -> None:
+    """Tables are computed once per program (jaxpr text + constants): a re-trace of the same module (a pass's
+    candidate) compiles nothing; a module whose tables differ gets its own values."""
+    import jax
+
+    from pallasopt.ir import prefetch
+
+    monkeypatch.setattr(prefetch, "_VALUES", type(prefetch._VALUES)())
+    first = KernelIR.from_source(SPARSE, "<a>.py").calls[0].prefetch
+    assert first is not None and len(prefetch._VALUES) == 1
+    compiles = []
+    real_jit = jax.jit
+    monkeypatch.setattr(jax, "jit", lambda f, *a, **k: compiles.append(f) or real_jit(f, *a, **k))
+    again = KernelIR.from_source(SPARSE, "<b>.py").calls[0].prefetch
+    assert again is not None and not compiles and len(prefetch._VALUES) == 1
+    assert all((x == y).all() for x, y in zip(first, again, strict=True))
+    other = KernelIR.from_source(SPARSE.replace("(rows + cols) % 2 == 0", "rows >= cols"), "<c>.py").calls[0]
+    assert other.prefetch is not None and len(prefetch._VALUES) == 2
+    assert other.prefetch[0].tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+
+
 def test_without_tables_the_model_says_so_and_keeps_the_closed_form() -> None:
     import dataclasses
 

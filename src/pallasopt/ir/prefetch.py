@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -152,17 +154,25 @@ def _evaluate(workload: Workload, dims: Mapping[str, int], scope: _Scope, target
 
     closed = jax.make_jaxpr(run)()  # cheap; the compile below is what costs (~0.6 s on megablox's tables)
     key = (str(closed.jaxpr), tuple(_digest(c) for c in closed.consts))
-    if key not in _VALUES:
-        if len(_VALUES) >= VALUES_CACHE:
-            _VALUES.pop(next(iter(_VALUES)))
-        _VALUES[key] = [np.asarray(v) for v in jax.jit(run)()]
-    return list(_VALUES[key])
+    with _VALUES_LOCK:
+        hit = _VALUES.get(key)
+        if hit is not None:
+            _VALUES.move_to_end(key)
+            return list(hit)
+    values = [np.asarray(v) for v in jax.jit(jax.extend.core.jaxpr_as_fun(closed))()]
+    with _VALUES_LOCK:
+        _VALUES[key] = values
+        while len(_VALUES) > VALUES_CACHE:
+            _VALUES.popitem(last=False)
+    return list(values)
 
 
-VALUES_CACHE = 64  # programs whose values are kept (a few integer tables each)
+VALUES_CACHE = 64  # programs whose values are kept, least recently used dropped (a few integer tables each)
 # The values of one program: a pass that changes no op on the way to the tables (a tile retune of a library kernel
 # whose tables depend only on the group sizes) re-traces to the same program, and gets its values without a compile.
-_VALUES: dict[tuple[str, tuple[str, ...]], list[np.ndarray]] = {}
+# Shared by the threads of a search or a parallel bench, as `matchers.Located.of`'s cache is.
+_VALUES: OrderedDict[tuple[str, tuple[str, ...]], list[np.ndarray]] = OrderedDict()
+_VALUES_LOCK = threading.Lock()
 
 
 def _digest(value: Any) -> str:
