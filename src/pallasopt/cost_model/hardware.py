@@ -173,6 +173,10 @@ _STEP_CYCLES = 525.0
 # it made the median worse (7.4% -> 9.0%; p90 15.7% -> 15.2%; model/measured 0.93 -> 1.09), so the data do not
 # support it.
 
+# A vreg is 8 sublanes x 128 lanes of 32 bits on every TPU generation (the (8, 128) tiling of VMEM arrays; FACTS.md,
+# the Pallas TPU docs): a block's minor dim is padded to LANES, stores of a narrower one are masked.
+LANES = 128
+
 # VPU: 8 sublanes x 128 lanes x 4 f32 ALU ops per cycle. [libtpu]: the marginal cost of an elementwise multiply
 # chain is 4 vregs (of 8 x 128) per cycle in the compiler's model on both v5e and v6e. inferred: same elsewhere.
 _VPU_OPS_PER_CYCLE = 8 * 128 * 4

@@ -11,12 +11,12 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..cost_model.hardware import LANES
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..pyparse import parse_module
 
 REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin"})
-LANES = 128
 VMEM_PRESSURE_BYTES = 8 * 2**20  # half of v5e's 16 MiB default scoped VMEM
 WHOLE_AXIS_MIN = 1024  # a block holding a whole axis at least this long is worth blocking (attention's KV length)
 _EPILOGUE_OPS = frozenset(

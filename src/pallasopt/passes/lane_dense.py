@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import libcst as cst
 
-from ..cost_model.hardware import Chip
+from ..cost_model.hardware import LANES, Chip
 from ..cost_model.wrapper import CALLS, ELEMENTWISE, inner_jaxprs
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import operand_text, substitute
@@ -33,7 +33,6 @@ from ..ir.matchers import (
 )
 from .base import Pass
 
-LANES = 128
 MAX_STEPS = 65_536  # grids enumerated to check that the blocks tile the arrays exactly once
 # Elementwise work a lane-dense re-blocking leaves unchanged: the wrapper's elementwise set without its broadcasts
 # (a broadcast is allowed only from a single element, checked below), plus ref reads and writes of whole blocks.

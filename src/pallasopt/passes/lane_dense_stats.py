@@ -9,7 +9,7 @@ from typing import ClassVar
 import libcst as cst
 import libcst.matchers as m
 
-from ..cost_model.hardware import Chip
+from ..cost_model.hardware import LANES, Chip
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import operand_text, substitute, swapped_blockspec
 from ..ir.cst_edit import replace_many
@@ -28,7 +28,6 @@ from ..ir.matchers import (
 )
 from .base import Pass
 
-LANES = 128
 LIKE = ("zeros_like", "ones_like", "full_like", "empty_like")
 
 
