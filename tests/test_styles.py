@@ -119,3 +119,48 @@ def test_tile_on_a_wrapper_padded_array_offers_non_dividing_sizes_and_stays_corr
     assert all(r.ok for r in results), [r.message for r in results]
     # A kernel that does not pad has no padded dims (its sizes must keep dividing the array).
     assert not any(k.padded for k in knobs_of(KernelIR.from_file(ROOT / "examples" / "matmul.py")))
+
+
+WIDE_768 = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+BM = 128
+
+
+def _scale_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0 + 1.0
+
+
+def scale(x):
+    return pl.pallas_call(
+        _scale_kernel,
+        grid=(x.shape[0] // BM,),
+        in_specs=[pl.BlockSpec((BM, 256), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((BM, 256), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x)
+
+
+def reference(x):
+    return x * 2.0 + 1.0
+
+
+def make_inputs(key, m=768):
+    return (jax.random.normal(key, (m, 256), jnp.float32),)
+"""
+
+
+def test_tile_offers_the_whole_axis_and_its_halves_on_a_dim_with_few_power_of_two_divisors(tmp_path) -> None:
+    # 768 = 3 x 256: powers of two that divide it stop at 256; the whole axis (768) and its half and quarter are
+    # the other sizes that tile it, and a 56-row grid of a CNN, or a 3072-wide MLP, is the same case.
+    path = tmp_path / "wide768.py"
+    path.write_text(WIDE_768)
+    ir = KernelIR.from_file(path)
+    specs = {p.spec() for p in TilePass.choices(ir, V5E)}
+    assert {"tile{call=0,BM=768}", "tile{call=0,BM=384}", "tile{call=0,BM=192}", "tile{call=0,BM=256}"} <= specs
+    whole = apply(ir, "tile{call=0,BM=384}")
+    assert whole.calls[0].grid == (2,) and whole.calls[0].operands[0].block_shape == (384, 256)
+    (res,) = check_many([whole.source], str(path), seeds=(3, 4))
+    assert res.ok, res.message

@@ -185,16 +185,16 @@ def ragged_axis(call: CallFacts, axis: int) -> bool:
 
 
 def _options(call: CallFacts, knob: Knob) -> list[int]:
-    """Sizes worth trying for a knob: powers of two near its value that divide every dim it tiles (or, along a
-    ragged cdiv axis, that fit in it)."""
+    """Sizes worth trying for a knob: powers of two near its value, and the whole axis and its halves and quarters
+    (a 56- or 768-wide dim has few power-of-two divisors: blocks of 56 or 384 are the ones that fit it), each kept
+    when it divides every dim the knob tiles (or, along a ragged cdiv axis, fits in it)."""
     from ..ir.knobs import grid_axis_of
 
     dims = _dims_along(call, knob)
-    opts = {knob.value}
-    for s in SIZES:
+
+    def fits(s: int) -> bool:
         if s < knob.value // 8 or s > knob.value * 32:
-            continue
-        ok = True
+            return False
         for i, d, size in dims:
             b = call.operands[i].block_shape[d] or 1
             new_b = b * s // knob.value if (b * s) % knob.value == 0 else 0
@@ -203,10 +203,17 @@ def _options(call: CallFacts, knob: Knob) -> list[int]:
             # the wrapper pads that array to a multiple of the block: any size up to the array's fits
             ragged = ragged or (i, d) in knob.padded
             if new_b <= 0 or new_b > size or (size % new_b and not ragged):
-                ok = False
-        if ok:
-            opts.add(s)
-    return sorted(opts)
+                return False
+        return True
+
+    whole: set[int] = set()
+    if dims:
+        i, d, size = dims[0]
+        b = call.operands[i].block_shape[d] or 1
+        for parts in (1, 2, 4):
+            if size % parts == 0 and (size // parts * knob.value) % b == 0:
+                whole.add(size // parts * knob.value // b)
+    return sorted({knob.value} | {s for s in (*SIZES, *whole) if s > 0 and fits(s)})
 
 
 def predict(
