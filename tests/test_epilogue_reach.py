@@ -84,7 +84,27 @@ def test_an_operand_broadcast_along_a_merged_dim_declines() -> None:
         EpiloguePass(call=0).apply(ir)
 
 
-@pytest.mark.parametrize("name", ["helper_return", "helper_shared", "reshape_bias"])
+def test_a_helper_reached_through_a_partial_alias_takes_the_cast_and_its_dtype() -> None:
+    # `mm = functools.partial(_mm, bk=128)`; `return mm(x, w).astype(x.dtype)`: the cast's dtype reads the
+    # caller's `x`, so it travels as a keyword-only parameter; the kernel accumulates in its output, so the epilogue
+    # keeps an f32 accumulator and stores the cast block once, on the last K step.
+    ir = load("partial_cast")
+    assert ir.calls[0].outputs[0].dtype == "float32"
+    assert EpiloguePass.choices(ir, V5E) == (EpiloguePass(call=0),)
+    new = EpiloguePass(call=0).apply(ir)
+    src = new.source
+    assert "def _mm(x, w, *, bk: int, _ce0):" in src and "mm = functools.partial(_mm, bk=128)" in src
+    assert "    _ce0 = x.dtype\n    return mm(x, w, _ce0=_ce0)\n" in src
+    assert new.calls[0].outputs[0].dtype == "bfloat16" and len(new.calls[0].scratch) == 1
+    # A second call of the alias elsewhere: moving the cast into `_mm` would change that call too.
+    twice = ir.source.replace(
+        "    return mm(x, w).astype(x.dtype)", "    y = mm(x, w)\n    return mm(x, w).astype(y.dtype)"
+    )
+    with pytest.raises(PassNotApplicable, match="called through mm, which is named elsewhere too"):
+        EpiloguePass(call=1).apply(KernelIR.from_source(twice, str(KERNELS / "partial_cast.py")))
+
+
+@pytest.mark.parametrize("name", ["helper_return", "helper_shared", "reshape_bias", "partial_cast"])
 def test_every_choice_matches_the_reference(name: str) -> None:
     ir = load(name)
     results = [c.apply(ir) for c in EpiloguePass.choices(ir, V5E)]

@@ -329,6 +329,21 @@ def leaves(loc: Located, top: cst.BaseExpression, uses: tuple[cst.BaseExpression
     return out
 
 
+def settings(loc: Located, top: cst.BaseExpression, uses: tuple[cst.BaseExpression, ...]) -> list[cst.BaseExpression]:
+    """The settings of `top` that `leaves` passes over, in source order: `.astype` arguments and keyword-argument
+    values of calls holding no use (`y.astype(x.dtype)`, `jnp.clip(y, a_min=lo)`): written once where the value
+    is, they must still read the same names when the epilogue moves."""
+    out: list[cst.BaseExpression] = []
+    for call in m.findall(top, m.Call()):
+        if not isinstance(call, cst.Call) or any(u is call for u in uses):
+            continue
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "astype":
+            out += [a.value for a in call.args]
+        else:
+            out += [a.value for a in call.args if a.keyword is not None]
+    return sorted(out, key=lambda n: loc.start(n))
+
+
 def _operands(
     loc: Located, fn: cst.FunctionDef, regions: list[Region], after: int
 ) -> tuple[tuple[cst.BaseExpression, ...], tuple[bool, ...]]:

@@ -12,7 +12,7 @@ import libcst.matchers as m
 
 from ..errors import PassNotApplicable, check
 from .builders import fresh_name, substitute
-from .epilogue import Epilogue, find_epilogue, follow, leaves
+from .epilogue import Epilogue, find_epilogue, follow, leaves, settings
 from .matchers import (
     Located,
     bound_names,
@@ -21,6 +21,7 @@ from .matchers import (
     free_names,
     is_self_assign,
     module_names,
+    partial_aliases,
     used_names,
 )
 
@@ -113,9 +114,20 @@ def sink_into_helper(loc: Located, apply: cst.Call, occurrence: int = 0, traced:
     )
     ret = returns[0]
     assert ret.value is not None
-    sites = [c for c in m.findall(module, m.Call(func=m.Name(name))) if isinstance(c, cst.Call)]
+    aliases = partial_aliases(module, name)  # `down = functools.partial(_down, tm=128)`: callers say `down(..)`
+    callees = {name, *aliases}
+    sites = [c for c in m.findall(module, m.Call(func=m.Name())) if isinstance(c, cst.Call) and _callee(c) in callees]
     check(bool(sites), f"the entry returns the call's value as it is ({name} is not called by name in this module)")
     sites.sort(key=loc.start)
+    via = {n for n in map(_callee, sites) if n is not None} - {name}
+    if via:
+        uses = [n for n in m.findall(module, m.Name()) if isinstance(n, cst.Name) and n.value in callees]
+        # Named only where it is bound: the def, each alias's target and the name it binds, and the one call site.
+        check(
+            len(sites) == 1 and len(uses) == 2 + 2 * len(aliases),
+            f"{name} is called through {', '.join(sorted(via))}, which is named elsewhere too: moving an epilogue "
+            "into it would change the other uses",
+        )
     if len(sites) > 1:
         fns = {id(follow_fn(loc, c)) for c in sites}
         plain = all(_statement_of(loc, c) in _body(follow_fn(loc, c)) for c in sites)
@@ -131,6 +143,10 @@ def sink_into_helper(loc: Located, apply: cst.Call, occurrence: int = 0, traced:
         raise PassNotApplicable(f"the caller of {name} (line {loc.start(site)[0]}): {e.reason}") from None
     check(epi.reshape is None, f"the caller of {name} reshapes its result before the epilogue")
     return _move(loc, helper, ret, site, epi, copied=len(_references(module, helper)) > 1)
+
+
+def _callee(call: cst.Call) -> str | None:
+    return call.func.value if isinstance(call.func, cst.Name) else None
 
 
 def follow_fn(loc: Located, node: cst.CSTNode) -> cst.FunctionDef | None:
@@ -160,15 +176,21 @@ def _move(loc: Located, helper: cst.FunctionDef, ret: cst.Return, site: cst.Call
     module = loc.wrapper.module
     used = used_names(module)
     target = fresh_name(used, helper.name.value + "_epilogue") if copied else None
-    ops = [fresh_name(used, f"_ce{i}") for i in range(len(epi.operands))]
+    # Settings that read the caller's locals (`.astype(x.dtype)`) travel as keyword-only parameters too.
+    caller_local = bound_names(epi.fn.body) | {p.name.value for p in epi.fn.params.params}
+    local_settings = {
+        code(s): s for r in epi.regions for s in settings(loc, r.top, r.uses) if free_names(s) & caller_local
+    }
+    passed = [*epi.operands, *local_settings.values()]
+    ops = [fresh_name(used, f"_ce{i}") for i in range(len(passed))]
     value = fresh_name(used | set(ops), "_y")
-    leaf_of = {code(e): n for e, n in zip(epi.operands, ops, strict=True)}
+    leaf_of = {code(e): n for e, n in zip(passed, ops, strict=True)}
 
     # Static leaves stay as written: module names the helper must see as the caller does.
     helper_local = bound_names(helper.body) | {p.name.value for p in helper.params.params}
     statics = set()
     for r in epi.regions:
-        for leaf in leaves(loc, r.top, r.uses):
+        for leaf in [*leaves(loc, r.top, r.uses), *settings(loc, r.top, r.uses)]:
             if code(leaf) not in leaf_of:
                 statics |= free_names(leaf)
     clash = statics & helper_local
@@ -180,7 +202,7 @@ def _move(loc: Located, helper: cst.FunctionDef, ret: cst.Return, site: cst.Call
     lines = [f"{value} = {code(ret.value)}\n"]
     for r in epi.regions:
         mapping: dict[cst.CSTNode, cst.CSTNode] = {u: cst.Name(value) for u in r.uses}
-        for leaf in leaves(loc, r.top, r.uses):
+        for leaf in [*leaves(loc, r.top, r.uses), *settings(loc, r.top, r.uses)]:
             if code(leaf) in leaf_of:
                 mapping[leaf] = cst.Name(leaf_of[code(leaf)])
         lines.append(f"{value} = {code(substitute(r.top, mapping)).strip()}\n")
@@ -212,7 +234,7 @@ def _move(loc: Located, helper: cst.FunctionDef, ret: cst.Return, site: cst.Call
         edits[site] = new_site
     stmts_c = list(fbody.body)
     at = epi.first
-    assigns = [cst.parse_statement(f"{n} = {code(e)}\n") for n, e in zip(ops, epi.operands, strict=True)]
+    assigns = [cst.parse_statement(f"{n} = {code(e)}\n") for n, e in zip(ops, passed, strict=True)]
     out: list[cst.BaseStatement] = []
     for i, st in enumerate(stmts_c):
         if i == at:

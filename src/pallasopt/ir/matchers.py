@@ -421,6 +421,33 @@ def module_names(module: cst.Module) -> set[str]:
     return names
 
 
+def partial_aliases(module: cst.Module, name: str) -> dict[str, cst.Assign]:
+    """Module-level names bound to function `name` as it is or through `functools.partial(name, ...)` (any spelling
+    whose callee ends in `partial`), followed through aliases of aliases; each with its binding statement."""
+    found: dict[str, cst.Assign] = {}
+    targets = {name}
+    grew = True
+    while grew:
+        grew = False
+        for stmt in module.body:
+            if not isinstance(stmt, cst.SimpleStatementLine):
+                continue
+            for small in stmt.body:
+                if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+                    continue
+                target = small.targets[0].target
+                if not isinstance(target, cst.Name) or target.value in found or target.value == name:
+                    continue
+                value = small.value
+                if isinstance(value, cst.Call) and code(value.func).split(".")[-1] == "partial" and value.args:
+                    value = value.args[0].value
+                if isinstance(value, cst.Name) and value.value in targets:
+                    found[target.value] = small
+                    targets.add(target.value)
+                    grew = True
+    return found
+
+
 def free_names(expr: cst.CSTNode) -> set[str]:
     """Variable names an expression reads (attribute names and keywords excluded; lambda parameters excluded)."""
     out: set[str] = set()
