@@ -164,3 +164,28 @@ def test_tile_offers_the_whole_axis_and_its_halves_on_a_dim_with_few_power_of_tw
     assert whole.calls[0].grid == (2,) and whole.calls[0].operands[0].block_shape == (384, 256)
     (res,) = check_many([whole.source], str(path), seeds=(3, 4))
     assert res.ok, res.message
+
+
+BIG_ROWS = WIDE_768.replace("BM = 128", "BM = 1024").replace("256", "1024").replace("m=768", "m=4096")
+
+
+def test_tile_past_the_scoped_vmem_limit_raises_the_limit_in_the_same_move(tmp_path) -> None:
+    # (1024, 1024) f32 blocks in and out, double-buffered: 16 MiB, the whole default scoped limit of v5e. Bigger
+    # blocks only compile with a higher `vmem_limit_bytes`: tile offers them with the limit (one move), not as
+    # a vmem-limit step that gains nothing by itself followed by a tile.
+    path = tmp_path / "big_rows.py"
+    path.write_text(BIG_ROWS)
+    ir = KernelIR.from_file(path)
+    assert ir.calls[0].operands[0].block_shape == (1024, 1024) and ir.calls[0].vmem_limit_bytes is None
+    specs = {p.spec() for p in TilePass.choices(ir, V5E)}
+    assert {"tile{call=0,BM=2048,vmem_mib=64}", "tile{call=0,BM=512}"} <= specs
+    assert not any("BM=2048" in s and "vmem_mib" not in s for s in specs)
+    new = apply(ir, "tile{call=0,BM=2048,vmem_mib=64}")
+    assert new.calls[0].grid == (2,) and new.calls[0].vmem_limit_bytes == 64 * 2**20
+    assert "vmem_limit_bytes=64 * 1024 * 1024" in new.source
+    (res,) = check_many([new.source], str(path), seeds=(3, 4))
+    assert res.ok, res.message
+    # Blocks far under the limit: no choice touches it.
+    small = tmp_path / "wide768.py"
+    small.write_text(WIDE_768)
+    assert not any("vmem_mib" in p.spec() for p in TilePass.choices(KernelIR.from_file(small), V5E))

@@ -9,14 +9,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import libcst as cst
+
 from ..cost_model.hardware import Chip
 from ..cost_model.roofline import estimate_call, legality_problems, vmem_footprint
 from ..errors import KernelError, PassNotApplicable, UsageError, check
-from ..ir.cst_edit import replace_integers
+from ..ir.cst_edit import replace_integers, set_compiler_param
 from ..ir.facts import BodyStats, CallFacts, Operand
 from ..ir.kernel_ir import KernelIR
 from ..ir.knobs import Knob, discover_knobs, scaled_values
 from .base import Pass
+from .vmem_limit import STEPS_MIB
 
 SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -33,20 +36,24 @@ class TilePass(Pass):
     once per output column tile); they cost VMEM. Parameters: `call` (which pallas_call, in trace order) and one
     `knob=size` per tile knob (see `pallasopt analyze`: a knob is named after the variable that sets it, e.g. `bm`,
     or `axis<g>` for a literal). The rewrite edits the literals that set each knob, wherever they are written
-    (literal, constant, default argument, functools.partial keyword), and is verified by re-tracing.
+    (literal, constant, default argument, functools.partial keyword), and is verified by re-tracing. `vmem_mib`
+    (offered where the call's blocks already fill half its scoped VMEM limit) also raises `vmem_limit_bytes` to
+    that many MiB, for blocks past the limit: the tile and the limit that lets it compile are one move, so a search
+    does not need a first step (the limit alone) that gains nothing to reach them.
     """
 
     name: ClassVar[str] = "tile"
     call: int = 0
     sizes: tuple[tuple[str, int], ...] = ()
+    vmem_mib: int = 0  # > 0: also raise the call's vmem_limit_bytes to this many MiB
 
     def params(self) -> dict[str, Any]:
-        return {"call": self.call, **dict(self.sizes)}
+        return {"call": self.call, **dict(self.sizes), **({"vmem_mib": self.vmem_mib} if self.vmem_mib else {})}
 
     @classmethod
     def from_params(cls, params: Mapping[str, str]) -> Pass:
         sizes: list[tuple[str, int]] = []
-        call = 0
+        call = vmem_mib = 0
         for k, v in params.items():
             try:
                 n = int(v)
@@ -54,11 +61,13 @@ class TilePass(Pass):
                 raise UsageError(f"pass 'tile': {k}={v!r} must be an integer") from None
             if k == "call":
                 call = n
+            elif k == "vmem_mib":
+                vmem_mib = n
             else:
                 if n <= 0:
                     raise UsageError(f"pass 'tile': {k}={n} must be positive")
                 sizes.append((k, n))
-        return cls(call=call, sizes=tuple(sizes))
+        return cls(call=call, sizes=tuple(sizes), vmem_mib=vmem_mib)
 
     def _knobs(self, ir: KernelIR) -> list[tuple[Knob, int]]:
         check(0 <= self.call < len(ir.calls), f"no pallas_call #{self.call} (the module has {len(ir.calls)})")
@@ -105,6 +114,11 @@ class TilePass(Pass):
                 f"the rewrite was not coherent: call {got.index} traced to grid {got.grid} "
                 f"blocks {[o.block_shape for o in got.operands]}, expected grid {want.grid}",
             )
+        limit = new.calls[self.call].vmem_limit_bytes or 0
+        if self.vmem_mib * 2**20 > limit:
+            value = cst.parse_expression(f"{self.vmem_mib} * 1024 * 1024")
+            module = set_compiler_param(new.module, new.calls[self.call], "vmem_limit_bytes", value)
+            new = ir.with_module(module, self.spec())
         return new
 
     @classmethod
@@ -129,15 +143,32 @@ class TilePass(Pass):
                 new_call = facts[call.index]
                 if set(legality_problems(new_call, chip)) - known:
                     continue  # a rule the candidate breaks (one the input already breaks is the compiler's call)
-                limit = new_call.vmem_limit_bytes or chip.default_scoped_vmem_bytes
-                if vmem_footprint(new_call, chip) > limit * 0.9:
+                mib = _vmem_mib(call, new_call, chip)
+                if mib is None:
                     continue
+                if mib:
+                    new_call = dataclasses.replace(new_call, vmem_limit_bytes=mib * 2**20)
+                    facts = (*facts[: call.index], new_call, *facts[call.index + 1 :])
                 t = sum(estimate_call(c, chip).time_s for c in facts)
-                p = cls(call=call.index, sizes=tuple((k.name, s) for k, s in chosen if s != k.value))
+                p = cls(call=call.index, sizes=tuple((k.name, s) for k, s in chosen if s != k.value), vmem_mib=mib)
                 scored.append((t, p))
             scored.sort(key=lambda x: (x[0], x[1].spec()))
             out.extend(p for _, p in scored)  # the whole space, model-best first: strategies truncate
         return tuple(out)
+
+
+def _vmem_mib(call: CallFacts, new: CallFacts, chip: Chip) -> int | None:
+    """0 when the new blocks fit the call's scoped VMEM limit (with 10% to spare); else the smallest of
+    `vmem-limit`'s steps that fits them, where the call's blocks already fill half its limit (VMEM is what binds)
+    and the chip has that VMEM (GPU: never); None when no limit fits."""
+    limit = call.vmem_limit_bytes or chip.default_scoped_vmem_bytes
+    need = vmem_footprint(new, chip)
+    if need <= limit * 0.9:
+        return 0
+    if chip.is_gpu or vmem_footprint(call, chip) <= limit * 0.5:
+        return None
+    fits = [m for m in STEPS_MIB if m * 2**20 > limit and need <= m * 2**20 * 0.9 <= chip.vmem_bytes * 0.9]
+    return fits[0] if fits else None
 
 
 def _sharing(all_knobs: tuple[Knob, ...], knob: Knob) -> list[Knob]:
