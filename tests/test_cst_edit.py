@@ -102,3 +102,27 @@ def test_edit_call_params_imports_pallas_tpu_for_new_params() -> None:
     out = edit_call_params(module, fake, lambda loc, node: semantics_edit(loc, node, fake, lambda _: ("parallel",)))
     assert "from jax.experimental.pallas import tpu as pltpu\n" in out.code
     assert 'compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)))(x)' in out.code
+
+
+def test_a_local_params_two_calls_share_is_edited_at_the_call_site() -> None:
+    # `params` is one local object two pallas_calls use: editing its definition would change the other call's
+    # semantics too (a reduction axis made "parallel" there), so the edited call gets `params.replace(...)`.
+    body = (
+        '    params = pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"))\n'
+        "    y = pl.pallas_call(kernel, grid=(2, 4), out_shape=x, compiler_params=params)(x)\n"
+        "    return pl.pallas_call(kernel, grid=(2, 4), out_shape=x, compiler_params=params)(y)\n"
+    )
+    loc = Located.of(cst.parse_module(HEAD + body))
+    first, _second = pallas_call_nodes(loc)
+    out = replace_many(loc.wrapper.module, semantics_edit(loc, first, facts(("parallel", "arbitrary")), swap)).code
+    assert 'params = pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"))' in out
+    assert 'compiler_params=params.replace(dimension_semantics=("arbitrary", "parallel")))(x)' in out
+    assert out.endswith("compiler_params=params)(y)\n")
+    # Used by one call only, the local definition is edited in place (as before).
+    alone = HEAD + body.replace(
+        "    y = pl.pallas_call(kernel, grid=(2, 4), out_shape=x, compiler_params=params)(x)\n", "    y = x\n"
+    )
+    loc = Located.of(cst.parse_module(alone))
+    (only,) = pallas_call_nodes(loc)
+    out = replace_many(loc.wrapper.module, semantics_edit(loc, only, facts(("parallel", "arbitrary")), swap)).code
+    assert 'params = pltpu.CompilerParams(dimension_semantics=("arbitrary", "parallel"))' in out

@@ -124,18 +124,27 @@ def _is_params_expr(loc: Located, at: cst.CSTNode, value: cst.BaseExpression | N
 
 def compiler_params_call(loc: Located, call: cst.Call) -> tuple[cst.Call | None, bool]:
     """The `CompilerParams(...)` call (or `.replace(...)` on one) a pallas_call uses, following a local name, that can
-    be edited in place; and whether compiler_params is present at all."""
+    be edited in place (not one another pallas_call uses too: that one is edited at the call site, as a shared
+    module constant is); and whether compiler_params is present at all."""
     arg = keyword(call, "compiler_params")
     if arg is None:
         return None, False
-    value: cst.BaseExpression | None = arg.value
+    value = _params_node(loc, call)
+    if value is None or any(
+        other is not call and _params_node(loc, other) is value for other in pallas_call_nodes(loc)
+    ):
+        return None, True
+    return value, True
+
+
+def _params_node(loc: Located, call: cst.Call) -> cst.Call | None:
+    arg = keyword(call, "compiler_params")
+    value: cst.BaseExpression | None = arg.value if arg is not None else None
     hops = 0
     while isinstance(value, cst.Name) and hops < 4:
         value = resolve_local(loc, call, value.value)
         hops += 1
-    if isinstance(value, cst.Call) and _is_params_expr(loc, call, value):
-        return value, True
-    return None, True
+    return value if isinstance(value, cst.Call) and _is_params_expr(loc, call, value) else None
 
 
 def shared_compiler_params(loc: Located, call: cst.Call) -> cst.Arg | None:
