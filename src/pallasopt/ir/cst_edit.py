@@ -6,7 +6,7 @@ Edits are minimal (one node each) so the output keeps the user's formatting and 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -22,6 +22,7 @@ from .matchers import (
     free_names,
     grid_spec_keyword,
     keyword,
+    pallas_call_nodes,
     pltpu_alias,
     resolve_local,
     used_names,
@@ -123,18 +124,27 @@ def _is_params_expr(loc: Located, at: cst.CSTNode, value: cst.BaseExpression | N
 
 def compiler_params_call(loc: Located, call: cst.Call) -> tuple[cst.Call | None, bool]:
     """The `CompilerParams(...)` call (or `.replace(...)` on one) a pallas_call uses, following a local name, that can
-    be edited in place; and whether compiler_params is present at all."""
+    be edited in place (not one another pallas_call uses too: that one is edited at the call site, as a shared
+    module constant is); and whether compiler_params is present at all."""
     arg = keyword(call, "compiler_params")
     if arg is None:
         return None, False
-    value: cst.BaseExpression | None = arg.value
+    value = _params_node(loc, call)
+    if value is None or any(
+        other is not call and _params_node(loc, other) is value for other in pallas_call_nodes(loc)
+    ):
+        return None, True
+    return value, True
+
+
+def _params_node(loc: Located, call: cst.Call) -> cst.Call | None:
+    arg = keyword(call, "compiler_params")
+    value: cst.BaseExpression | None = arg.value if arg is not None else None
     hops = 0
     while isinstance(value, cst.Name) and hops < 4:
         value = resolve_local(loc, call, value.value)
         hops += 1
-    if isinstance(value, cst.Call) and _is_params_expr(loc, call, value):
-        return value, True
-    return None, True
+    return value if isinstance(value, cst.Call) and _is_params_expr(loc, call, value) else None
 
 
 def shared_compiler_params(loc: Located, call: cst.Call) -> cst.Arg | None:
@@ -154,25 +164,99 @@ def with_replaced(arg: cst.Arg, key: str, value: cst.BaseExpression) -> cst.Base
     )
 
 
-def set_compiler_param(module: cst.Module, call: CallFacts, key: str, value: cst.BaseExpression) -> cst.Module:
-    """Set `key=value` in the call's `pltpu.CompilerParams(...)`, adding `compiler_params=` if it has none."""
-    loc = Located.of(module)
-    node = find_call_node(loc, call)
-    params, present = compiler_params_call(loc, node)
+def compiler_param_edit(
+    loc: Located, call: cst.Call, key: str, value: cst.BaseExpression
+) -> dict[cst.CSTNode, cst.CSTNode]:
+    """The edit (for `replace_many`) that sets `key=value` in the pallas_call `call`'s compiler params: in the
+    `CompilerParams(...)` it uses (inline or through a local name), with `.replace(...)` at the call site on one defined
+    outside the call's function, or by adding `compiler_params=<pltpu>.CompilerParams(key=value)` (that edit replaces
+    the pallas_call node, and the module must import pallas.tpu already: `edit_call_params` sees to both)."""
+    params, present = compiler_params_call(loc, call)
     if params is not None:
-        return replace_node(loc.wrapper.module, params, set_keyword(params, key, value))
-    shared = shared_compiler_params(loc, node)
+        return {params: set_keyword(params, key, value)}
+    shared = shared_compiler_params(loc, call)
     if shared is not None:
-        return replace_node(loc.wrapper.module, shared.value, with_replaced(shared, key, value))
+        return {shared.value: with_replaced(shared, key, value)}
     check(not present, "compiler_params is built in a way pallasopt cannot edit (not a CompilerParams(...) call)")
-    module2, alias = ensure_pltpu(loc.wrapper.module)
-    loc2 = Located.of(module2)
-    node2 = find_call_node(loc2, call)
+    alias = pltpu_alias(loc.wrapper.module)
+    assert alias is not None, "import jax.experimental.pallas.tpu first (ensure_pltpu)"
     new_params = cst.Call(
         func=cst.Attribute(cst.Name(alias), cst.Name("CompilerParams")),
         args=[cst.Arg(keyword=cst.Name(key), value=value, equal=_EQ)],
     )
-    return replace_node(loc2.wrapper.module, node2, set_keyword(node2, "compiler_params", new_params))
+    return {call: set_keyword(call, "compiler_params", new_params)}
+
+
+def semantics_edit(
+    loc: Located, call: cst.Call, facts: CallFacts, new: Callable[[tuple[str, ...]], tuple[str, ...]]
+) -> dict[cst.CSTNode, cst.CSTNode]:
+    """The edits (for `replace_many`) that make the `dimension_semantics` of the pallas_call `call` (traced as `facts`)
+    `new(current)`, where `current` is the traced semantics (`()` when the call sets none); no edits when unchanged.
+
+    A literal tuple or list written in the call's `CompilerParams(dimension_semantics=...)` is edited in place: the
+    elements it keeps keep their quoting and commas, added ones take its quote, a trailing comma stays. Otherwise the
+    value is set as `compiler_param_edit` sets one (a new tuple in the CompilerParams, `.replace(...)` on a shared one,
+    or new `compiler_params=`). The keys are nodes of `loc`'s module as they are before any other edit: a pass that
+    rebuilds the call itself (lane-dense) substitutes the keys inside the call into its new call.
+    """
+    current = facts.dimension_semantics or ()
+    wanted = tuple(new(current))
+    if wanted == current:
+        return {}
+    params, _ = compiler_params_call(loc, call)
+    arg = keyword(params, "dimension_semantics") if params is not None else None
+    literal = arg.value if arg is not None else None
+    if (
+        isinstance(literal, cst.Tuple | cst.List)
+        and all(isinstance(e, cst.Element) for e in literal.elements)
+        and 0 < len(literal.elements) == len(current)
+        and wanted
+    ):
+        return {literal: _edited_literal(literal, current, wanted)}
+    return compiler_param_edit(loc, call, "dimension_semantics", tuple_expr([f'"{s}"' for s in wanted]))
+
+
+def _edited_literal(
+    literal: cst.Tuple | cst.List, current: tuple[str, ...], wanted: tuple[str, ...]
+) -> cst.BaseExpression:
+    """`literal` (whose elements traced to `current`) holding `wanted`, reusing its elements and commas."""
+    elems = list(literal.elements)
+    first = elems[0].value
+    quote = code(first)[0] if isinstance(first, cst.SimpleString) else '"'
+    unused = list(zip(current, elems, strict=True))
+    values: list[cst.BaseExpression] = []
+    for s in wanted:
+        k = next((k for k, (c, _) in enumerate(unused) if c == s), None)
+        values.append(unused.pop(k)[1].value if k is not None else cst.SimpleString(f"{quote}{s}{quote}"))
+    n_old, n_new = len(elems), len(wanted)
+    inner = elems[-2].comma if n_old >= 2 else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    last = elems[-1].comma
+    is_tuple = isinstance(literal, cst.Tuple)
+    if is_tuple and n_old == 1 and n_new > 1:
+        last = cst.MaybeSentinel.DEFAULT  # the one-element tuple's comma, not a trailing one
+    if is_tuple and n_new == 1 and not isinstance(last, cst.Comma):
+        last = cst.Comma()
+    commas = [elems[i].comma if i < n_old - 1 else inner for i in range(n_new - 1)] + [last]
+    return literal.with_changes(elements=[cst.Element(v, comma=c) for v, c in zip(values, commas, strict=True)])
+
+
+def edit_call_params(
+    module: cst.Module, call: CallFacts, edit: Callable[[Located, cst.Call], Mapping[cst.CSTNode, cst.CSTNode]]
+) -> cst.Module:
+    """`module` with the edits `edit(loc, node)` makes for the pallas_call `call` (`compiler_param_edit`,
+    `semantics_edit`), importing pallas.tpu first when the call has no compiler_params for the edit to add."""
+    loc = Located.of(module)
+    node = find_call_node(loc, call)
+    if keyword(node, "compiler_params") is None:
+        which = [id(n) for n in pallas_call_nodes(loc)].index(id(node))  # an added import moves the traced lines
+        loc = Located.of(ensure_pltpu(loc.wrapper.module)[0])
+        node = pallas_call_nodes(loc)[which]
+    return replace_many(loc.wrapper.module, edit(loc, node))
+
+
+def set_compiler_param(module: cst.Module, call: CallFacts, key: str, value: cst.BaseExpression) -> cst.Module:
+    """Set `key=value` in the call's `pltpu.CompilerParams(...)`, adding `compiler_params=` if it has none."""
+    return edit_call_params(module, call, lambda loc, node: compiler_param_edit(loc, node, key, value))
 
 
 _EQ = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))

@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import libcst as cst
-
 from ..cost_model.hardware import Chip
 from ..errors import check
-from ..ir.cst_edit import set_compiler_param
+from ..ir.cst_edit import edit_call_params, semantics_edit
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from .base import Pass
@@ -57,7 +55,7 @@ class DimensionSemanticsPass(Pass):
                 a for a, (c, w) in enumerate(zip(current, wanted, strict=False)) if c == "parallel" and w != "parallel"
             ]
             check(not unsafe, f"axes {unsafe} are marked parallel but revisit outputs or carry state; fix by hand")
-        value = cst.parse_expression(
-            "(" + ", ".join(f'"{s}"' for s in wanted) + ("," if len(wanted) == 1 else "") + ")"
+        module = edit_call_params(
+            ir.module, facts, lambda loc, node: semantics_edit(loc, node, facts, lambda _: wanted)
         )
-        return ir.with_module(set_compiler_param(ir.module, facts, "dimension_semantics", value), self.spec())
+        return ir.with_module(module, self.spec())

@@ -12,8 +12,7 @@ import libcst.matchers as m
 from ..cost_model.hardware import Chip
 from ..cost_model.roofline import estimate_call
 from ..errors import check
-from ..ir.cst_edit import compiler_params_call, replace_many, set_keyword, shared_compiler_params, with_replaced
-from ..ir.facts import CallFacts
+from ..ir.cst_edit import replace_many, semantics_edit
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     Located,
@@ -81,7 +80,9 @@ class GridOrderPass(Pass):
         for spec in {id(s): s for s in spec_nodes(loc, node) if isinstance(s, cst.Call)}.values():
             _permute_index_map(spec, perm, inv, n, edits)
         _renumber_program_ids(loc, node, inv, edits)
-        _permute_semantics(loc, node, facts, perm, edits)
+        if facts.dimension_semantics is not None:
+            check(len(facts.dimension_semantics) == len(perm), "dimension_semantics length differs from the grid")
+            edits.update(semantics_edit(loc, node, facts, lambda sem: tuple(sem[a] for a in perm)))
         new = ir.with_module(replace_many(loc.wrapper.module, edits), self.spec())
         for before, after in zip(ir.calls, new.calls, strict=True):
             if before.index != self.call:
@@ -159,30 +160,3 @@ def _renumber_program_ids(
         check(isinstance(arg, cst.Integer), "a program_id/num_programs axis is not a literal")
         assert isinstance(arg, cst.Integer)
         edits[arg] = arg.with_changes(value=str(inv[int(arg.evaluated_value)]))
-
-
-def _permute_semantics(
-    loc: Located, call: cst.Call, facts: CallFacts, perm: tuple[int, ...], edits: dict[cst.CSTNode, cst.CSTNode]
-) -> None:
-    """Write the traced semantics in the new order (in place, or `.replace(...)` on a shared CompilerParams)."""
-    if facts.dimension_semantics is None:
-        return
-    check(len(facts.dimension_semantics) == len(perm), "dimension_semantics length differs from the grid")
-    wanted = [facts.dimension_semantics[a] for a in perm]
-    value = cst.parse_expression("(" + ", ".join(f'"{s}"' for s in wanted) + ("," if len(wanted) == 1 else "") + ")")
-    params, _present = compiler_params_call(loc, call)
-    if params is not None:
-        arg = keyword(params, "dimension_semantics")
-        if arg is not None and isinstance(arg.value, cst.Tuple | cst.List):
-            elems = list(arg.value.elements)
-            check(len(elems) == len(perm), "dimension_semantics length differs from the grid")
-            edits[arg.value] = arg.value.with_changes(
-                elements=[elems[old].with_changes(comma=elems[new].comma) for new, old in enumerate(perm)]
-            )
-        else:
-            edits[params] = set_keyword(params, "dimension_semantics", value)
-        return
-    shared = shared_compiler_params(loc, call)
-    check(shared is not None, "compiler_params is built in a way pallasopt cannot edit; not reordered")
-    assert shared is not None
-    edits[shared.value] = with_replaced(shared, "dimension_semantics", value)

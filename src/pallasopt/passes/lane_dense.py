@@ -14,7 +14,7 @@ from ..cost_model.hardware import LANES, Chip
 from ..cost_model.wrapper import CALLS, ELEMENTWISE, inner_jaxprs
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import operand_text, substitute
-from ..ir.cst_edit import compiler_params_call, replace_many, set_keyword, shared_compiler_params, with_replaced
+from ..ir.cst_edit import replace_many, semantics_edit, set_keyword
 from ..ir.facts import CallFacts, dtype_bytes
 from ..ir.kernel_ir import KernelIR, kernel_jaxpr
 from ..ir.matchers import (
@@ -226,17 +226,21 @@ def _edits(loc: Located, node: cst.Call, facts: CallFacts, rows: int) -> dict[cs
         ("out_specs", out_specs),
     ):
         new_holder = set_keyword(new_holder, key, cst.parse_expression(text))
-    edits: dict[cst.CSTNode, cst.CSTNode] = {}
+    # ("parallel",) where the call sets semantics at all; the edits inside the call go into the new call below (the
+    # keyword edits keep the other arguments' nodes), the others (a local CompilerParams) stay edits of the module.
     inside = descendants(node)
+    parallel = {} if facts.dimension_semantics is None else semantics_edit(loc, node, facts, lambda _: ("parallel",))
+    assert node not in parallel  # traced semantics: the call has compiler_params, so the edit is inside them
+    within = {k: v for k, v in parallel.items() if k in inside}
+    edits = {k: v for k, v in parallel.items() if k not in inside}
     if holder is node:
-        new_call = new_holder
+        new_call = substitute(new_holder, within)
     elif holder in inside:
-        new_call = substitute(node, {holder: new_holder})
+        new_call = substitute(node, {holder: new_holder, **within})
     else:
         edits[holder] = new_holder
-        new_call = node
+        new_call = substitute(node, within)
     new_call = set_keyword(new_call, "out_shape", cst.parse_expression(out_shape))
-    new_call = _parallel(loc, node, new_call, facts)
 
     args = [a.with_changes(value=_reshaped(a.value)) for a in site.apply.args]
     if site.apply.func is node:
@@ -274,21 +278,3 @@ def _dense_struct(loc: Located, node: cst.Call, struct: cst.BaseExpression | Non
     jax = module_alias(loc.wrapper.module, "jax")
     check(jax is not None, "an out_shape is not a ShapeDtypeStruct(...) and `jax` is not imported")
     return f"{jax}.ShapeDtypeStruct(({x}.size // {LANES}, {LANES}), ({code(struct)}).dtype)"
-
-
-def _parallel(loc: Located, node: cst.Call, new_call: cst.Call, facts: CallFacts) -> cst.Call:
-    """`new_call` with dimension_semantics ("parallel",) when the call sets dimension semantics at all."""
-    if facts.dimension_semantics is None:
-        return new_call
-    value = cst.parse_expression('("parallel",)')
-    params, present = compiler_params_call(loc, node)
-    if params is not None and params in descendants(node):
-        found = [n for n in descendants(new_call) if isinstance(n, cst.Call) and n.deep_equals(params)]
-        check(len(found) == 1, "cannot find the call's CompilerParams after the edit")
-        return substitute(new_call, {found[0]: set_keyword(params, "dimension_semantics", value)})
-    shared = shared_compiler_params(loc, node)
-    arg = keyword(new_call, "compiler_params")
-    if (params is not None or shared is not None) and arg is not None:
-        return set_keyword(new_call, "compiler_params", with_replaced(arg, "dimension_semantics", value))
-    check(not present, "compiler_params is built in a way pallasopt cannot edit")
-    return new_call

@@ -11,7 +11,7 @@ import libcst.matchers as m
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import fresh_name
-from ..ir.cst_edit import add_scratch, ensure_pltpu, replace_many
+from ..ir.cst_edit import add_scratch, ensure_pltpu, replace_many, semantics_edit
 from ..ir.facts import CallFacts, Operand
 from ..ir.kernel_ir import KernelIR, kernel_jaxpr
 from ..ir.matchers import (
@@ -23,7 +23,6 @@ from ..ir.matchers import (
     jnp_alias,
     kernel_function,
     kernel_refs,
-    keyword,
     module_alias,
     pallas_call_nodes,
     pl_alias,
@@ -134,7 +133,8 @@ class OnlineSoftmaxPass(Pass):
         edits: dict[cst.CSTNode, cst.CSTNode] = {}
         row_text = _edit_specs(loc, node, facts, dims, const, edits)
         _edit_grid(loc, node, f"{row_text} // {const}", edits)
-        _add_semantics(loc, node, facts, edits)
+        if facts.dimension_semantics is not None:  # none given: the default ("arbitrary") suits the chunk axis
+            edits.update(semantics_edit(loc, node, facts, lambda sem: (*sem, "arbitrary")))
         pl = pl_alias(module)
         out_spec = spec_nodes(loc, node)[len(facts.inputs) + form.output]
         scratch = _scratch_texts(out_spec, facts.outputs[form.output], form)
@@ -244,25 +244,6 @@ def _edit_grid(loc: Located, node: cst.Call, extent: str, edits: dict[cst.CSTNod
     check(not isinstance(target, cst.Tuple | cst.List), "the grid is an empty or list literal")
     new_value = cst.parse_expression(f"({code(value)}, {extent})")
     edits[arg] = arg.with_changes(value=new_value)
-
-
-def _add_semantics(loc: Located, node: cst.Call, facts: CallFacts, edits: dict[cst.CSTNode, cst.CSTNode]) -> None:
-    """Extend an explicit `dimension_semantics` with "arbitrary" for the chunk axis (none given: the default is)."""
-    if facts.dimension_semantics is None:
-        return
-    arg = keyword(node, "compiler_params")
-    params = resolve(loc, node, arg.value) if arg is not None else None
-    sem = keyword(params, "dimension_semantics") if isinstance(params, cst.Call) else None
-    value = resolve(loc, node, sem.value) if sem is not None else None
-    check(
-        isinstance(value, cst.Tuple | cst.List) and bool(value.elements),
-        "dimension_semantics is set in a way pallasopt cannot extend (not a literal tuple in CompilerParams(...))",
-    )
-    assert isinstance(value, cst.Tuple | cst.List)
-    elems = list(value.elements)
-    quote = code(elems[0].value)[0] if isinstance(elems[0].value, cst.SimpleString) else '"'
-    elems[-1] = elems[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    edits[value] = value.with_changes(elements=[*elems, cst.Element(cst.SimpleString(f"{quote}arbitrary{quote}"))])
 
 
 def _scratch_texts(spec: cst.BaseExpression | None, out: Operand, form: SoftmaxForm) -> list[str]:
