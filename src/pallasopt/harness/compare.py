@@ -2,7 +2,8 @@
 
 Elementwise, an element passes when |out - ref| <= atol * scale + rtol * |ref|, where `scale` is the largest |ref| of
 that output capped at 1: the absolute tolerance shrinks with a small output's magnitude (probabilities of 1e-4 are not
-all "zero" under a fixed atol of 1e-3) and never grows past the stated atol. Then an aggregate: the relative L2 error of every row (the last axis) must stay within rtol, so
+all "zero" under a fixed atol of 1e-3) and never grows past the stated atol. Then an aggregate: the relative L2 error of
+every row (the last axis longer than 1; an (M, 1) column is one row) must stay within rtol, so
 a systematic drop of small terms (a softmax zeroing every entry below 1e-3) fails even where each element is close.
 """
 
@@ -104,7 +105,13 @@ def tolerance_for(dtype: str, override: Mapping[str, float] | None) -> tuple[flo
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
-    return a.reshape(-1, a.shape[-1]) if a.ndim >= 1 and a.size else a.reshape(1, -1)
+    """`a` as rows along its last axis longer than 1: trailing size-1 axes are not rows (an (M, 1) column of per-row
+    statistics is one row of M values, not M rows of one, whose "relative L2 error" would be a bare relative error
+    with no absolute tolerance: a mean near zero failed on rounding alone); a scalar is one row."""
+    shape = a.shape
+    while len(shape) > 1 and shape[-1] == 1:
+        shape = shape[:-1]
+    return a.reshape(-1, shape[-1]) if shape and a.size else a.reshape(1, -1)
 
 
 def _worst_row(o: np.ndarray, r: np.ndarray, floor: float) -> tuple[float, int]:
@@ -150,7 +157,8 @@ def compare(index: int, out: Any, ref: Any, tol: Mapping[str, float] | None) -> 
         else math.inf
     )
     ok_rows = nonfinite == 0 and finite_ref.all()
-    row_err, row = _worst_row(o, r, atol * math.sqrt(max(o.shape[-1] if o.ndim else 1, 1))) if ok_rows else (0.0, -1)
+    width = max(_rows(o).shape[-1], 1)
+    row_err, row = _worst_row(o, r, atol * math.sqrt(width)) if ok_rows else (0.0, -1)
     rep = OutputReport(index, tuple(o.shape), dtype, max_abs, max_rel, bad, nonfinite, rtol, atol, row_err)
     tol_text = f"rtol={rtol:g} atol={atol_rel:g}x{scale:.3g}"
     if np.isnan(r).any():
