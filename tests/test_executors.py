@@ -103,3 +103,40 @@ def test_local_executor_runs_the_job_here() -> None:
     fut: Future[Any] = ex.submit(Job("x", _div, {"a": 7, "b": 2}, 1.0, str))
     assert fut.result(timeout=10) == (3, 1) and ex.run(Job("x", _div, {"a": 9, "b": 4}, 1.0, str)) == (2, 1)
     ex.close()
+
+
+class TimingOut(Recording):
+    """Compiles time out when given less than the tier's own timeout (as a compile stopped by the budget would)."""
+
+    def run(self, job: Job) -> Any:
+        self.jobs.append(job)
+        if job.kind == "compile" and job.timeout_s < 180.0:
+            from pallasopt.cost_model.compiler import CompileReport
+
+            return CompileReport(ok=False, target="v5e", error="did not finish", error_kind="timeout")
+        return job.lost("recorded")
+
+
+def test_a_compile_stopped_at_the_search_budget_is_no_verdict_and_is_not_kept(tmp_path) -> None:
+    # With a deadline the compile's timeout is what the budget leaves; stopped there, the result says so, the tier
+    # does not retry at the full dims (slower still), and the kernel DB does not keep it (a later run tries again).
+    import time
+
+    from pallasopt.db.store import KernelDB
+    from pallasopt.search.cached import CachedEvaluator
+
+    ir = KernelIR.from_file(MATMUL)
+    ex = TimingOut({})
+    tiers = Tiers(get_chip("v5e"), executor=ex)
+    r = tiers.compiler(ir, deadline=time.perf_counter() + 30.0)
+    assert r is not None and not r.ok and r.data.get("budget_cut") and "search budget" in r.message
+    assert len(ex.jobs) == 1 and 25.0 <= ex.jobs[0].timeout_s <= 30.0
+    with KernelDB.open(tmp_path / "k.db") as db:
+        wid = db.workload(ir.digest, str(MATMUL), dict(ir.dims), "v5e", {"jax": "test"})
+        cached = CachedEvaluator(tiers, db, wid, "v5e")
+        r2 = cached.compiler(ir, deadline=time.perf_counter() + 30.0)
+        assert r2 is not None and r2.data.get("budget_cut")
+        assert db.get_eval(cached.candidate_id(ir), "compiler", "v5e") is None  # no verdict: not kept
+        r3 = cached.compiler(ir)  # without a budget: the tier's own timeout, and the verdict is kept
+        assert r3 is not None and not r3.data.get("budget_cut") and ex.jobs[-1].timeout_s == 180.0
+        assert db.get_eval(cached.candidate_id(ir), "compiler", "v5e") is not None

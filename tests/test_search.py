@@ -166,6 +166,33 @@ def test_time_budget_keeps_room_to_check_what_it_compiled(matmul_ir, monkeypatch
     assert out.best is not out.baseline and out.best.passed("check") and clock.now <= 300.0
 
 
+def test_compiles_get_the_budget_left_for_a_check_as_their_deadline(matmul_ir, monkeypatch) -> None:
+    """A compile is stopped where the budget leaves only a check (1.5 checks + 3 s): llm_gqa_attention's screen
+    compiles (90-126 s each) ran past a 120 s budget and its model-best candidate, compiled in 3 s, was never checked.
+    Without a budget no deadline is passed; an evaluator that takes none is not given one."""
+    import pallasopt.search.beam as beam_mod
+
+    clock = FakeClock()
+    monkeypatch.setattr(beam_mod, "time", clock)
+    deadlines: list[float | None] = []
+
+    class DeadlineTiers(FakeTiers):
+        def compiler(self, ir: KernelIR, deadline: float | None = None) -> TierResult | None:
+            deadlines.append(deadline)
+            return super().compiler(ir)
+
+        def check(self, ir: KernelIR, seeds: tuple[int, int], deadline: float | None = None) -> TierResult:
+            clock.now += 10.0
+            return super().check(ir, seeds, deadline=deadline)
+
+    run(matmul_ir, DeadlineTiers(), budget_seconds=300.0)
+    # the baseline's check took 10 s: compiles end by 300 - 15 - 3
+    assert deadlines[1:] and set(deadlines[1:]) == {282.0}
+    deadlines.clear()
+    run(matmul_ir, DeadlineTiers())
+    assert deadlines and set(deadlines) == {None}
+
+
 def test_checks_are_limited_to_what_can_enter_the_beam(matmul_ir) -> None:
     tiers = FakeTiers()
     run(matmul_ir, tiers, beam=2, depth=1)

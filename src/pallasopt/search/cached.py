@@ -8,7 +8,7 @@ from ..db.store import KernelDB
 from ..harness.check import ORACLE_VERSION
 from ..ir.kernel_ir import KernelIR
 from .ranking import unavailable_reason
-from .tiers import Evaluator, TierResult
+from .tiers import Evaluator, TierResult, deadline_kw
 
 
 class CachedEvaluator:
@@ -115,8 +115,9 @@ class CachedEvaluator:
         fn = getattr(self.inner, "compile_floor", None)
         return fn(ir) if callable(fn) else None
 
-    def compiler(self, ir: KernelIR) -> TierResult | None:
-        return self._cached(ir, "compiler", self.target, lambda: self.inner.compiler(ir))
+    def compiler(self, ir: KernelIR, deadline: float | None = None) -> TierResult | None:
+        kw = deadline_kw(self.inner.compiler, deadline)
+        return self._cached(ir, "compiler", self.target, lambda: self.inner.compiler(ir, **kw))
 
     def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
         # The workload row already keys on pallasopt's code digest; the oracle's version is named in the key too.

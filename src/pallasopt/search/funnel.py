@@ -23,7 +23,7 @@ from .candidates import apply_choice, evaluate_baseline, one_per_signature, trun
 from .node import BaselineIncorrect, Node, ProgressFn, SearchOutcome, score_of
 from .ranking import RANKING_TIERS, choose_tier, tier_works, unavailable_reason
 from .spend import Ledger
-from .tiers import Evaluator, TierResult
+from .tiers import Evaluator, TierResult, deadline_kw
 from .trust import family_of
 
 PRUNE_FACTOR = 2  # candidates per wanted result that survive the model tier into the compiler tier
@@ -70,6 +70,13 @@ class Funnel:
     def out_of_time(self) -> bool:
         b = self.config.budget_seconds
         return b is not None and self.clock() - self.start > b
+
+    @property
+    def compile_deadline(self) -> float | None:
+        """When a compile still running is stopped (None: no budget): early enough that a check (1.5 of the
+        baseline's, and a few seconds) of what was ranked still ends inside the budget."""
+        b = self.config.budget_seconds
+        return None if b is None else self.start + b - 1.5 * self.check_s - 3.0
 
     def compile_time_left(self) -> bool:
         """Whether a compile started now still ends with time for a check of what it ranks: the longest compile
@@ -367,7 +374,7 @@ class Funnel:
         def run(n: Node) -> TierResult | None:
             ir = _ir(n)
             if tier == "compiler":
-                return self.ledger.timed("compiler", ev.compiler, ir)
+                return self.ledger.timed("compiler", ev.compiler, ir, **deadline_kw(ev.compiler, self.compile_deadline))
             if tier == "check":
                 return self.ledger.timed("check", ev.check, ir, s, **self.until)
             return self.ledger.timed("hardware", ev.hardware, ir)

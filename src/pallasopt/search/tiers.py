@@ -60,7 +60,9 @@ class Evaluator(Protocol):
 
     def model(self, ir: KernelIR) -> TierResult: ...
 
-    def compiler(self, ir: KernelIR) -> TierResult | None: ...  # None: tier unavailable
+    # None: tier unavailable. `deadline` (optional for an evaluator to take; passed only when the search has a budget):
+    # stop the compile there (then marked `budget_cut`, not a verdict on the kernel).
+    def compiler(self, ir: KernelIR) -> TierResult | None: ...
 
     # `deadline` (a `time.perf_counter()` value, passed only when the search has a budget): stop the check there.
     def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult: ...
@@ -79,6 +81,20 @@ class Evaluator(Protocol):
 UNCOUNTED_LOOP = (
     "no time: a loop's trip count changes from grid step to grid step and libtpu's static profile counts it once"
 )
+
+
+def deadline_kw(fn: Any, deadline: float | None) -> dict[str, float]:
+    """`{"deadline": deadline}` when there is one and `fn` (an evaluator's tier method) takes it, else `{}`: an
+    evaluator may leave the parameter out (test fakes, the study's stand-ins) and then runs without one."""
+    if deadline is None:
+        return {}
+    import inspect
+
+    try:
+        takes = "deadline" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return {"deadline": deadline} if takes else {}
 
 
 def model_tier(ir: KernelIR, chip: Chip) -> TierResult:
@@ -169,6 +185,7 @@ def corrected_static(static_s: float, steps: int, chip: Chip) -> float:
 
 CHECK_TIMEOUT_S = 300.0  # an interpret-mode check that runs longer is a hang
 MIN_CHECK_S = 5.0  # a check started just before the budget ends still gets this long
+MIN_COMPILE_S = 5.0  # likewise for a compile
 SUSPICIOUS = 0.5  # a time under half the roofline floor is flagged and the candidate re-checked on fresh seeds
 
 
@@ -240,20 +257,28 @@ class Tiers:
         """What `compiler(ir)` answers is never below this (None: no compiler tier)."""
         return compile_floor(ir, self.chip) if self.use_compiler else None
 
-    def compiler(self, ir: KernelIR) -> TierResult | None:
+    def compiler(self, ir: KernelIR, deadline: float | None = None) -> TierResult | None:
+        """The deviceless compile's verdict and static estimate; with a `deadline` (where the search's budget leaves
+        no more time to wait for a compile) the compile is stopped there and marked ``budget_cut`` (the DB does not
+        keep it), so a budget spent on one slow compile still leaves time to check what was ranked."""
         if not self.use_compiler:
             return None
         from ..executors.jobs import compile_job
 
+        timeout = self.compile_timeout_s
+        if deadline is not None:
+            timeout = min(timeout, max(MIN_COMPILE_S, deadline - time.perf_counter()))
+
         def compile_at(dims: Mapping[str, int], scale: float) -> Any:
-            job = compile_job(
-                ir.source, ir.path, ir.entry, dims, self.chip.name, steps_scale=scale, timeout_s=self.compile_timeout_s
-            )
+            job = compile_job(ir.source, ir.path, ir.entry, dims, self.chip.name, steps_scale=scale, timeout_s=timeout)
             return self.executor.run(job)
 
         dims, scale = reduce_dims_for_compile(ir, compile_steps_cap(ir))
         rep = compile_at(dims, scale)
-        if not rep.ok and rep.error_kind != "vmem_oom" and scale != 1.0:
+        if not rep.ok and rep.error_kind == "timeout" and timeout < self.compile_timeout_s:
+            msg = f"stopped at the search budget after {timeout:.0f} s (not a verdict on the kernel)"
+            return TierResult("compiler", False, None, msg, {"dims": dims, "budget_cut": True})
+        if not rep.ok and rep.error_kind not in ("vmem_oom", "timeout") and scale != 1.0:
             # The reduced dims can break a module's own invariants (e.g. query heads < KV heads): compile the real
             # size instead (slower with the profile, but the answer is for the size the user asked about).
             dims, scale = dict(ir.dims), 1.0
