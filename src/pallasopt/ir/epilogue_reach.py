@@ -188,9 +188,11 @@ def _move(loc: Located, helper: cst.FunctionDef, ret: cst.Return, site: cst.Call
 
     # Static leaves stay as written: module names the helper must see as the caller does.
     helper_local = bound_names(helper.body) | {p.name.value for p in helper.params.params}
+    # What each region reads besides its uses: operand leaves and settings, found once for both loops below.
+    reads = [[*leaves(loc, r.top, r.uses), *settings(loc, r.top, r.uses)] for r in epi.regions]
     statics = set()
-    for r in epi.regions:
-        for leaf in [*leaves(loc, r.top, r.uses), *settings(loc, r.top, r.uses)]:
+    for found in reads:
+        for leaf in found:
             if code(leaf) not in leaf_of:
                 statics |= free_names(leaf)
     clash = statics & helper_local
@@ -200,9 +202,9 @@ def _move(loc: Located, helper: cst.FunctionDef, ret: cst.Return, site: cst.Call
     # The helper: keyword-only parameters for the operands, the epilogue on its returned value.
     assert ret.value is not None
     lines = [f"{value} = {code(ret.value)}\n"]
-    for r in epi.regions:
+    for r, found in zip(epi.regions, reads, strict=True):
         mapping: dict[cst.CSTNode, cst.CSTNode] = {u: cst.Name(value) for u in r.uses}
-        for leaf in [*leaves(loc, r.top, r.uses), *settings(loc, r.top, r.uses)]:
+        for leaf in found:
             if code(leaf) in leaf_of:
                 mapping[leaf] = cst.Name(leaf_of[code(leaf)])
         lines.append(f"{value} = {code(substitute(r.top, mapping)).strip()}\n")

@@ -421,11 +421,10 @@ def module_names(module: cst.Module) -> set[str]:
     return names
 
 
-def partial_aliases(module: cst.Module, name: str) -> dict[str, cst.Assign]:
+def partial_aliases(module: cst.Module, name: str) -> set[str]:
     """Module-level names bound to function `name` as it is or through `functools.partial(name, ...)` (any spelling
-    whose callee ends in `partial`), followed through aliases of aliases; each with its binding statement."""
-    found: dict[str, cst.Assign] = {}
-    targets = {name}
+    whose callee ends in `partial`), followed through aliases of aliases."""
+    found: set[str] = set()
     grew = True
     while grew:
         grew = False
@@ -441,9 +440,8 @@ def partial_aliases(module: cst.Module, name: str) -> dict[str, cst.Assign]:
                 value = small.value
                 if isinstance(value, cst.Call) and code(value.func).split(".")[-1] == "partial" and value.args:
                     value = value.args[0].value
-                if isinstance(value, cst.Name) and value.value in targets:
-                    found[target.value] = small
-                    targets.add(target.value)
+                if isinstance(value, cst.Name) and value.value in found | {name}:
+                    found.add(target.value)
                     grew = True
     return found
 
