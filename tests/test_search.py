@@ -351,3 +351,70 @@ def test_time_below_the_roofline_floor_is_rechecked(matmul_ir) -> None:
     out = run(matmul_ir, Cheater())
     assert out.best.ir.calls[0].operands[0].block_shape[0] != 512
     assert any("check" in n.results and not n.passed("check") for n in out.nodes.values())
+
+
+def test_a_check_that_cannot_end_in_the_budget_is_not_started_and_the_next_is(matmul_ir, monkeypatch) -> None:
+    """Bigger blocks need bigger check dims: llm_swiglu_mlp's best tiles needed ~10^3x its baseline's check work, no
+    such check finished in a 120 s budget, and the run kept the baseline. A check foreseen (baseline's check time +
+    the extra work at INTERPRET_S_PER_ELEMENT_STEP) to end past the budget is not started; the next-ranked candidate
+    is checked instead, and the passed-over node says why. Without a budget every check is started."""
+    import pallasopt.search.beam as beam_mod
+    from pallasopt.harness.check_dims import INTERPRET_S_PER_ELEMENT_STEP
+
+    clock = FakeClock()
+    monkeypatch.setattr(beam_mod, "time", clock)
+    huge = 1000.0 / INTERPRET_S_PER_ELEMENT_STEP  # 1000 s of interpret mode beyond the baseline's check
+
+    class WorkTiers(FakeTiers):
+        def __init__(self, heavy_bm: int) -> None:
+            super().__init__()
+            self.heavy_bm = heavy_bm
+            self.checked: list[int] = []
+
+        def check_work(self, ir: KernelIR, seeds: tuple[int, ...]) -> int:
+            return int(huge) if self.bm(ir) == self.heavy_bm else 1000
+
+        def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
+            clock.now += 10.0
+            self.checked.append(self.bm(ir))
+            return super().check(ir, seeds, deadline)
+
+    winner = run(matmul_ir, FakeTiers(), depth=1).best.ir
+    heavy = FakeTiers.bm(winner)
+    tiers = WorkTiers(heavy)
+    out = run(matmul_ir, tiers, depth=1, budget_seconds=300.0)
+    assert heavy not in tiers.checked and out.best is not out.baseline and out.best.passed("check")
+    assert FakeTiers.bm(out.best.ir) != heavy
+    passed_over = [n for n in out.nodes.values() if n.ir is not None and n.skipped.startswith("check not started")]
+    assert passed_over and all(FakeTiers.bm(n.ir) == heavy for n in passed_over)
+    assert "foreseen at 1010 s" in passed_over[0].skipped
+    clock.now = 0.0
+    free = WorkTiers(heavy)
+    assert FakeTiers.bm(run(matmul_ir, free, depth=1).best.ir) == heavy and heavy in free.checked
+
+
+def test_the_baseline_compile_gets_a_share_of_the_budget_and_its_cut_is_said(matmul_ir, monkeypatch) -> None:
+    """llm_moe's baseline compile ran 180 s into a 120 s budget. It is now stopped at BASELINE_COMPILE_SHARE of the
+    budget; stopped, the compiler does not rank (no verdict on the kernel) and the ranking says why."""
+    import pallasopt.search.beam as beam_mod
+    from pallasopt.search.funnel import BASELINE_COMPILE_SHARE
+
+    clock = FakeClock()
+    monkeypatch.setattr(beam_mod, "time", clock)
+    asked: list[float | None] = []
+
+    class SlowBaseline(FakeTiers):
+        def compiler(self, ir: KernelIR, deadline: float | None = None) -> TierResult | None:
+            asked.append(deadline)
+            if not asked[1:]:  # the baseline: runs to its deadline and is stopped
+                clock.now = deadline if deadline is not None else clock.now + 500.0
+                msg = "stopped at the search budget after 105 s (not a verdict on the kernel)"
+                return TierResult("compiler", False, None, msg, {"budget_cut": True})
+            return super().compiler(ir)
+
+    out = run(matmul_ir, SlowBaseline(), depth=1, budget_seconds=300.0)
+    assert asked[0] == pytest.approx(BASELINE_COMPILE_SHARE * 300.0)
+    assert out.score_tier == "model" and len(asked) == 1  # no candidate compiled: the tier does not work here
+    reasons = dict(out.ranking.not_used)
+    assert "did not finish in its share of the search budget" in reasons["compiler"]
+    assert out.best is not out.baseline and out.best.passed("check")

@@ -81,6 +81,34 @@ def _largest_input(workload: Workload, dims: Mapping[str, int]) -> int:
     return max((math.prod(getattr(a, "shape", ())) for a in structs), default=0)
 
 
+def smaller_values(value: int) -> tuple[int, ...]:
+    """What a dim is tried at next, in order: half of it, then the largest power of two under it. The second is for
+    dims with an odd factor: 14336 (7 x 2048) halves to 7168 and then to 3584, which a 1024 block does not divide,
+    so halving alone left a (2048, 1024, 7168) check for a SwiGLU tiled (1024, 1024, 512), minutes in interpret
+    mode where (2048, 1024, 2048) checks the same grid logic (>= 2 steps per axis) in seconds."""
+    out = [value // 2] if value >= 2 and value % 2 == 0 else []
+    if value > 2:
+        p2 = 1 << ((value - 1).bit_length() - 1)
+        if p2 not in out:
+            out.append(p2)
+    return tuple(out)
+
+
+def _accepted_smaller(
+    workload: Workload, dims: Mapping[str, int], name: str, base: tuple[CallFacts, ...]
+) -> dict[str, int] | None:
+    """`dims` with `name` at the first of its `smaller_values` the kernel still traces and checks well at, or None."""
+    for value in smaller_values(dims[name]):
+        trial = {**dims, name: value}
+        try:
+            calls = trace_calls(workload, trial)
+        except Exception:
+            continue
+        if _acceptable(calls, base):
+            return trial
+    return None
+
+
 def derive_check_dims(workload: Workload, base: tuple[CallFacts, ...] | None = None) -> dict[str, int]:
     """Small dims for the CPU check: the module's CHECK_DIMS, else the defaults halved (round-robin) while the
     kernel still traces, its grid keeps >= 2 steps on every axis that had them, and the outputs stay covered.
@@ -101,20 +129,11 @@ def derive_check_dims(workload: Workload, base: tuple[CallFacts, ...] | None = N
         for name in list(dims):
             if name in frozen:
                 continue
-            value = dims[name]
-            if value < 2 or value % 2:
+            smaller = _accepted_smaller(workload, dims, name, base)
+            if smaller is None:
                 frozen.add(name)
-                continue
-            trial = {**dims, name: value // 2}
-            try:
-                calls = trace_calls(workload, trial)
-            except Exception:
-                frozen.add(name)
-                continue
-            if _acceptable(calls, base):
-                dims = trial
             else:
-                frozen.add(name)
+                dims = smaller
         if max(_largest(trace_calls(workload, dims)), _largest_input(workload, dims)) <= MAX_CHECK_ELEMS // 16:
             break  # inputs count too: a kernel on the weights alone leaves the activations to XLA (imported tasks)
     return dims
@@ -150,3 +169,26 @@ def derive_wide_dims(workload: Workload, small: Mapping[str, int], base: tuple[C
                 dims = trial
                 grown = True
     return dims
+
+
+# What one (grid step x element) of interpret mode costs on CPU, upper end of the measured range: FACTS.md measures
+# ~0.05 ms per step at 256^2 (3 arrays of 65536: 0.25 ns) and ~2.6 ms per step at 1024^2 (3 x 2^20: 0.85 ns).
+INTERPRET_S_PER_ELEMENT_STEP = 0.85e-9
+SMALL_DIM_RUNS = 5  # the oracle's runs at the small dims: three seeds, the determinism rerun, the overflow run
+
+
+def _element_steps(calls: tuple[CallFacts, ...]) -> int:
+    """Interpret mode's work for one run: every grid step touches whole arrays (FACTS.md), so steps x elements."""
+    return sum(c.steps * sum(math.prod(o.shape) for o in c.operands) for c in calls)
+
+
+def check_work(workload: Workload, base: tuple[CallFacts, ...] | None = None) -> int:
+    """The interpret-mode work (element-steps) of the oracle's check of this workload, at the dims the oracle will
+    derive for it: `SMALL_DIM_RUNS` runs at the small dims and one at the wide dims. Candidates with bigger blocks
+    need bigger check dims (>= 2 grid steps per axis), and this grows with them: a search uses it to foresee which
+    checks cannot finish in the budget it has left."""
+    base = base if base is not None else trace_calls(workload, dict(workload.dims))
+    small = derive_check_dims(workload, base)
+    wide = derive_wide_dims(workload, small, base)
+    work = SMALL_DIM_RUNS * _element_steps(trace_calls(workload, small))
+    return work + (_element_steps(trace_calls(workload, wide)) if wide != small else 0)

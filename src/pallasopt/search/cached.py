@@ -119,9 +119,20 @@ class CachedEvaluator:
         kw = deadline_kw(self.inner.compiler, deadline)
         return self._cached(ir, "compiler", self.target, lambda: self.inner.compiler(ir, **kw))
 
-    def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
+    def check_work(self, ir: KernelIR, seeds: tuple[int, ...]) -> int | None:
+        """The inner evaluator's `check_work`, or 0 when the DB already has this check's verdict (served free)."""
+        if self.db.get_eval(self.candidate_id(ir), "check", self._check_key(seeds)) is not None:
+            return 0
+        fn = getattr(self.inner, "check_work", None)
+        return fn(ir) if callable(fn) else None
+
+    @staticmethod
+    def _check_key(seeds: tuple[int, ...]) -> str:
         # The workload row already keys on pallasopt's code digest; the oracle's version is named in the key too.
-        key = f"oracle={ORACLE_VERSION};seeds=" + ",".join(map(str, seeds))
+        return f"oracle={ORACLE_VERSION};seeds=" + ",".join(map(str, seeds))
+
+    def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
+        key = self._check_key(seeds)
         kw = {} if deadline is None else {"deadline": deadline}  # fakes without a budget need not take it
         result = self._cached(ir, "check", key, lambda: self.inner.check(ir, seeds, **kw))
         assert result is not None

@@ -11,7 +11,7 @@ from ..passes.base import Pass
 from .node import Node, ProgressFn
 from .ranking import only_in_margin, unavailable_reason
 from .spend import Ledger
-from .tiers import Evaluator
+from .tiers import Evaluator, deadline_kw
 
 
 def truncate(options: Sequence[Pass], per_call: int | None) -> tuple[Pass, ...]:
@@ -29,10 +29,16 @@ def truncate(options: Sequence[Pass], per_call: int | None) -> tuple[Pass, ...]:
 
 
 def evaluate_baseline(
-    root: Node, evaluator: Evaluator, ledger: Ledger, seeds: tuple[int, int], clock: Callable[[], float]
+    root: Node,
+    evaluator: Evaluator,
+    ledger: Ledger,
+    seeds: tuple[int, int],
+    clock: Callable[[], float],
+    compile_deadline: float | None = None,
 ) -> tuple[int, float]:
     """Model, compiler, check and hardware verdicts on the baseline; the number of evaluations and the check's
-    seconds.
+    seconds. `compile_deadline` (a search with a budget): the baseline's compile is stopped there; stopped, it is a
+    `budget_cut` result (no verdict on the kernel), so the ranking goes to the next tier and says why.
 
     A baseline the model finds over the VMEM limit (or with an illegal block shape) is not compiled or timed: the
     compiler can take minutes to reject huge blocks (FACTS.md), and its verdict is already known. One the model
@@ -43,7 +49,8 @@ def evaluate_baseline(
     n = 1
     compile_it = root.passed("model") or only_in_margin(root.results["model"])
     if compile_it and unavailable_reason(evaluator, "compiler") is None:
-        comp = ledger.timed("compiler", evaluator.compiler, ir)
+        kw = deadline_kw(evaluator.compiler, compile_deadline)
+        comp = ledger.timed("compiler", evaluator.compiler, ir, **kw)
         if comp is not None:
             root.results["compiler"] = comp
             n += 1

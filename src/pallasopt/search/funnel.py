@@ -17,6 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from ..config import SearchConfig, check_seeds
 from ..cost_model.hardware import Chip
+from ..harness.check_dims import INTERPRET_S_PER_ELEMENT_STEP
 from ..ir.kernel_ir import KernelIR
 from ..passes.base import Pass
 from .candidates import apply_choice, evaluate_baseline, one_per_signature, truncate
@@ -28,6 +29,10 @@ from .trust import family_of
 
 PRUNE_FACTOR = 2  # candidates per wanted result that survive the model tier into the compiler tier
 RECHECK_OFFSET = 7777  # the below-floor re-check runs on the search seeds shifted by this
+# The part of a search's budget the baseline's compile may take. Past it the compile is stopped and the compiler tier
+# does not rank (the ranking says why): llm_moe's baseline compile ran 180 s into a 120 s budget in the 2026-12-02
+# bench and left nothing for a candidate, and one whose baseline compiles slowly is no better off with its candidates.
+BASELINE_COMPILE_SHARE = 0.35
 
 
 class Funnel:
@@ -61,6 +66,7 @@ class Funnel:
             {} if config.budget_seconds is None else {"deadline": self.start + config.budget_seconds}
         )
         self._reached: dict[tuple[str, ...], Node] = {}
+        self._work: dict[str, int | None] = {}  # digest -> check_work (element-steps), asked once per candidate
         self.compile_s = 0.0  # the longest compile waited for so far (wall, as the budget sees it)
         self.root = Node(recipe=(), digest=base.digest, parent=None, depth=0, ir=base)
         self.nodes[self.root.digest] = self.root
@@ -104,7 +110,9 @@ class Funnel:
     # -- the baseline -----------------------------------------------------------------------------------------------
     def _baseline(self) -> None:
         root = self.root
-        n_base, check_s = evaluate_baseline(root, self.evaluator, self.ledger, self.seeds, self.clock)
+        b = self.config.budget_seconds
+        cut_at = None if b is None else self.start + BASELINE_COMPILE_SHARE * b
+        n_base, check_s = evaluate_baseline(root, self.evaluator, self.ledger, self.seeds, self.clock, cut_at)
         self.evaluations += n_base
         # What one check costs here (its own record when it came from the database): compiling stops this long
         # before the budget ends, so the candidates it ranked best still get their check (else the budget would end
@@ -293,15 +301,23 @@ class Funnel:
         Checks in rank order, `jobs` at a time, until `want` pass (None: all), at most `max_checks` (default
         `2 * want`), only candidates faster than `worst_kept`: only those could enter the result."""
         max_checks = max_checks if max_checks is not None else (None if want is None else 2 * want)
-        queue = [c for c in ranked if self.key(c) < worst_kept][:max_checks]
-        goal = len(queue) if want is None else want
+        queue = [c for c in ranked if self.key(c) < worst_kept]
+        goal = min(len(queue), max_checks if max_checks is not None else len(queue)) if want is None else want
+        started = 0
         verified: list[Node] = []
-        while queue and len(verified) < goal:
+        while queue and len(verified) < goal and (max_checks is None or started < max_checks):
             if self.out_of_time():
                 self.cut = True
                 break
-            k = min(self.jobs, goal - len(verified))
-            batch, queue = queue[:k], queue[k:]
+            k = min(self.jobs, goal - len(verified), *(() if max_checks is None else (max_checks - started,)))
+            batch: list[Node] = []
+            while queue and len(batch) < k:
+                c, queue = queue[0], queue[1:]
+                if self._check_fits(c):
+                    batch.append(c)
+            if not batch:
+                break
+            started += len(batch)
             for c, r in zip(batch, self.dispatch("check", batch), strict=True):
                 assert r is not None
                 c.results["check"] = r
@@ -323,6 +339,39 @@ class Funnel:
                 timed.append(c)
             verified = [c for c in timed if c.passed("hardware")]
         return sorted(verified, key=self.rank_key)
+
+    def _check_fits(self, c: Node) -> bool:
+        """Whether `c`'s check can end before the budget does (always, without a budget). Its time is foreseen as
+        the baseline's check plus the interpret-mode cost of the extra work its dims need (`check_work`: bigger
+        blocks need bigger check dims); one that cannot finish is not started (it would be stopped at the budget with
+        no verdict) and the next-ranked candidate is checked instead (llm_swiglu_mlp's (1024, 1024, 512) tiles need
+        a (2048, 1024, 2048) check, ~10^3 x its baseline's work). The node says why it was passed over."""
+        deadline = self.until.get("deadline")
+        if deadline is None:
+            return True
+        est = self.check_seconds(c)
+        left = deadline - self.clock()
+        if est <= left:
+            return True
+        self.skip(c, "check", f"check not started: foreseen at {est:.0f} s, {max(left, 0.0):.0f} s of the budget left")
+        return False
+
+    def check_seconds(self, c: Node) -> float:
+        """The foreseen wall time of `c`'s check: the baseline's, plus INTERPRET_S_PER_ELEMENT_STEP per element-step
+        of work beyond the baseline's (an evaluator that cannot tell the work: the baseline's)."""
+        work = self._check_work(c)
+        base = self._check_work(self.root)
+        if work is None or base is None:
+            return self.check_s
+        return self.check_s + INTERPRET_S_PER_ELEMENT_STEP * max(0, work - base)
+
+    def _check_work(self, n: Node) -> int | None:
+        if n.digest not in self._work:
+            fn = getattr(self.evaluator, "check_work", None)
+            t0 = self.clock()
+            self._work[n.digest] = fn(_ir(n), self.seeds) if callable(fn) else None
+            self.ledger.add("passes", self.clock() - t0, 0)
+        return self._work[n.digest]
 
     def restore(self, nodes: Sequence[Node]) -> None:
         """Every tier a search had run on `nodes` before it was interrupted, run again: with the kernel DB's

@@ -142,6 +142,9 @@ def choose_tier(
             not_used.append((tier, f"no time for this kernel: {r.message or 'no estimate was produced'}"))
         elif kernel_fault(r):
             return TierChoice(tier, _device(tier, target, r), tuple(not_used))
+        elif r.data.get("budget_cut"):
+            why = f"the baseline's compile did not finish in its share of the search budget ({r.message})"
+            not_used.append((tier, why))
         else:
             not_used.append((tier, f"failed on the baseline: {r.message}"))
     return TierChoice("model", target, tuple(not_used))

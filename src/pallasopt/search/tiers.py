@@ -257,6 +257,19 @@ class Tiers:
         """What `compiler(ir)` answers is never below this (None: no compiler tier)."""
         return compile_floor(ir, self.chip) if self.use_compiler else None
 
+    def check_work(self, ir: KernelIR, seeds: tuple[int, ...] = ()) -> int | None:
+        """The interpret-mode work of `check(ir, seeds)` in element-steps (`harness.check_dims.check_work`; the
+        seeds do not change it), for the search to foresee checks that cannot finish in its budget; None when it
+        cannot be told (the dims do not trace)."""
+        from ..harness.check_dims import check_work
+
+        if ir.workload is None:
+            return None
+        try:
+            return check_work(ir.workload, ir.calls)
+        except Exception:
+            return None
+
     def compiler(self, ir: KernelIR, deadline: float | None = None) -> TierResult | None:
         """The deviceless compile's verdict and static estimate; with a `deadline` (where the search's budget leaves
         no more time to wait for a compile) the compile is stopped there and marked ``budget_cut`` (the DB does not

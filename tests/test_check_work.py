@@ -1,0 +1,71 @@
+"""The oracle's check dims for dims with an odd factor, and the check work a search foresees from them."""
+
+from __future__ import annotations
+
+from pallasopt.harness.check_dims import (
+    INTERPRET_S_PER_ELEMENT_STEP,
+    check_work,
+    derive_check_dims,
+    smaller_values,
+)
+from pallasopt.workload import load_source
+
+# A row-block scaling whose dim F = 14336 = 7 x 2048 (Llama-3-8B's FFN width), blocked by BF columns.
+WIDE_FF = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+ENTRY = "scale"
+
+
+def _kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0
+
+
+def scale(x, bt=BT, bf=BF):
+    t, f = x.shape
+    return pl.pallas_call(
+        _kernel,
+        grid=(t // bt, f // bf),
+        in_specs=[pl.BlockSpec((bt, bf), lambda i, j: (i, j))],
+        out_specs=pl.BlockSpec((bt, bf), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((t, f), x.dtype),
+    )(x)
+
+
+def reference(x):
+    return x * 2.0
+
+
+def make_inputs(key, tokens=1024, ff=14336):
+    return (jax.random.normal(key, (tokens, ff), jnp.float32),)
+"""
+
+
+def _workload(bt: int, bf: int):
+    return load_source(WIDE_FF.replace("BT", str(bt)).replace("BF", str(bf)), "wide_ff.py")
+
+
+def test_smaller_values_halve_then_drop_to_a_power_of_two() -> None:
+    assert smaller_values(14336) == (7168, 8192)
+    assert smaller_values(7168) == (3584, 4096)
+    assert smaller_values(4096) == (2048,)
+    assert smaller_values(7) == (4,)
+    assert smaller_values(2) == (1,) and smaller_values(1) == ()
+
+
+def test_an_odd_factor_no_longer_pins_the_check_at_a_big_block_times_seven() -> None:
+    # 1024 columns: halving 14336 stops at 7168 (3584 is not a multiple of 1024), 7 steps of a 14336-wide check;
+    # the power-of-two step reaches 2048 (the 2 steps every axis keeps).
+    dims = derive_check_dims(_workload(128, 1024))
+    assert dims["ff"] == 2048, dims
+    small = derive_check_dims(_workload(128, 128))
+    assert small["ff"] <= 2048 and small["ff"] % 128 == 0, small
+
+
+def test_check_work_grows_with_the_blocks_and_is_priced_in_seconds() -> None:
+    small_blocks, big_blocks = check_work(_workload(128, 128)), check_work(_workload(512, 1024))
+    assert 0 < small_blocks < big_blocks
+    # both are checks a search can afford, seconds not minutes, at the measured interpret-mode cost
+    assert big_blocks * INTERPRET_S_PER_ELEMENT_STEP < 30.0
