@@ -13,6 +13,7 @@ from .dimension_semantics import DimensionSemanticsPass
 from .dma_overlap import DmaOverlapPass
 from .epilogue import EpiloguePass
 from .fuse import FusePass
+from .gather_widen import GatherWidenPass
 from .grid_order import GridOrderPass
 from .lane_dense import LaneDensePass
 from .lane_dense_stats import LaneDenseStatsPass
@@ -35,6 +36,7 @@ PASSES: tuple[type[Pass], ...] = (
     AccumulateInScratchPass,
     DmaOverlapPass,
     MultiBufferPass,
+    GatherWidenPass,
     SkipMaskedBlocksPass,
     SkipMaskedChunksPass,
     OnlineSoftmaxPass,
