@@ -69,3 +69,21 @@ def test_check_work_grows_with_the_blocks_and_is_priced_in_seconds() -> None:
     assert 0 < small_blocks < big_blocks
     # both are checks a search can afford, seconds not minutes, at the measured interpret-mode cost
     assert big_blocks * INTERPRET_S_PER_ELEMENT_STEP < 30.0
+
+
+def test_a_bigger_block_grows_check_dims_from_the_modules_own() -> None:
+    """Where a candidate's blocks no longer fit the module's CHECK_DIMS, the oracle grows CHECK_DIMS until they do,
+    never under them: gather-widen{k=8} on the bench's paged attention needs 16 pages per sequence, and gets
+    max_len 256 with the author's head size and page size; stepping down from the defaults instead gave D = 16 and
+    2-token pages (a check 2.5x the work, and not the shapes the author chose to check)."""
+    from conftest import ROOT
+
+    from pallasopt.ir.kernel_ir import KernelIR
+    from pallasopt.passes.gather_widen import GatherWidenPass
+
+    ir = KernelIR.from_file(ROOT / "bench" / "kernels" / "llm_paged_attention.py")
+    new = GatherWidenPass(k=8).apply(ir)
+    assert new.workload is not None and ir.workload is not None and ir.workload.check_dims is not None
+    dims = derive_check_dims(new.workload, new.calls)
+    assert dims == {**ir.workload.dims, **ir.workload.check_dims, "max_len": 256}, dims
+    assert check_work(new.workload, new.calls) < 4 * check_work(ir.workload, ir.calls)

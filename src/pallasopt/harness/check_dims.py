@@ -109,34 +109,65 @@ def _accepted_smaller(
     return None
 
 
-def derive_check_dims(workload: Workload, base: tuple[CallFacts, ...] | None = None) -> dict[str, int]:
-    """Small dims for the CPU check: the module's CHECK_DIMS, else the defaults halved (round-robin) while the
-    kernel still traces, its grid keeps >= 2 steps on every axis that had them, and the outputs stay covered.
-    `base`: the facts at the default dims, when the caller has them."""
-    dims = dict(workload.dims)
-    if base is None:
-        base = trace_calls(workload, dims)
-    given = workload.check_dims
-    if given is not None:
-        small = {**dims, **given}
-        try:
-            if _acceptable(trace_calls(workload, small), base):
-                return small
-        except Exception:
-            pass  # CHECK_DIMS no longer fit this candidate's blocks (e.g. a bigger tile): derive instead
+def _fits(workload: Workload, dims: Mapping[str, int], base: tuple[CallFacts, ...]) -> bool:
+    try:
+        return _acceptable(trace_calls(workload, dict(dims)), base)
+    except Exception:
+        return False
+
+
+def _grown(workload: Workload, given: Mapping[str, int], base: tuple[CallFacts, ...]) -> dict[str, int] | None:
+    """The module's CHECK_DIMS doubled (every dim at once, each capped at its default) until this kernel's blocks
+    fit them (a bigger tile needs >= 2 steps per axis); None when only the defaults would."""
+    dims = {**workload.dims, **given}
+    while True:
+        grown = {n: min(2 * v, workload.dims[n]) for n, v in dims.items()}
+        if grown == dims or grown == dict(workload.dims):
+            return None
+        dims = grown
+        if _fits(workload, dims, base):
+            return dims
+
+
+def _shrink(
+    workload: Workload, dims: dict[str, int], base: tuple[CallFacts, ...], floor: Mapping[str, int]
+) -> dict[str, int]:
+    """`dims` with each dim stepped down (`smaller_values`, round-robin, never under `floor`) while the kernel still
+    traces and checks well, until the largest operand is small enough."""
     frozen: set[str] = set()
     while len(frozen) < len(dims):
         for name in list(dims):
             if name in frozen:
                 continue
             smaller = _accepted_smaller(workload, dims, name, base)
-            if smaller is None:
+            if smaller is None or smaller[name] < floor.get(name, 0):
                 frozen.add(name)
             else:
                 dims = smaller
         if max(_largest(trace_calls(workload, dims)), _largest_input(workload, dims)) <= MAX_CHECK_ELEMS // 16:
             break  # inputs count too: a kernel on the weights alone leaves the activations to XLA (imported tasks)
     return dims
+
+
+def derive_check_dims(workload: Workload, base: tuple[CallFacts, ...] | None = None) -> dict[str, int]:
+    """Small dims for the CPU check: the module's CHECK_DIMS; where this kernel's blocks no longer fit them (a
+    candidate with a bigger tile), CHECK_DIMS grown until they do and stepped back down, never under CHECK_DIMS
+    (a (1024, 1024) tile of a matmul whose CHECK_DIMS are 256 gets 2048, not a size halved down from the defaults);
+    else the defaults stepped down (`smaller_values`, round-robin) while the kernel still traces, its grid keeps
+    >= 2 steps on every axis that had them, and the outputs stay covered. `base`: the facts at the default dims,
+    when the caller has them."""
+    dims = dict(workload.dims)
+    if base is None:
+        base = trace_calls(workload, dims)
+    given = workload.check_dims
+    if given is not None:
+        small = {**dims, **given}
+        if _fits(workload, small, base):
+            return small
+        grown = _grown(workload, given, base)
+        if grown is not None:
+            return _shrink(workload, grown, base, floor=small)
+    return _shrink(workload, dims, base, floor={})
 
 
 WIDE_MAX_STEPS = 256  # grid steps the second (wider) dim set may reach in total
