@@ -100,3 +100,12 @@ def test_declines_name_why(paged) -> None:
         GatherWidenPass(k=2).apply(ir)
     with pytest.raises(PassNotApplicable, match="not a multiple of 3"):
         GatherWidenPass(k=3).apply(paged)
+
+
+def test_aliased_inputs_are_declined(paged) -> None:
+    from dataclasses import replace
+
+    from pallasopt.passes.gather_widen import analyse
+
+    aliased = replace(paged.calls[0], input_output_aliases=((2, 0),))
+    assert "aliases inputs to outputs" in str(analyse(aliased))

@@ -108,6 +108,8 @@ def analyse(call: CallFacts) -> _Gather | str:
         return "no scalar-prefetch operands (no table-driven gather)"
     if call.body.has_dma:
         return "the kernel does manual DMA (dma-overlap / multi-buffer handle that)"
+    if call.input_output_aliases:
+        return "the call aliases inputs to outputs (the widened operand list would move their positions)"
     gathered = [o for o in call.inputs if o.is_pipelined and o.index_map.data_dependent]
     if not gathered:
         return "no blocked input has a data-dependent index map"
