@@ -75,3 +75,34 @@ def test_parsing_from_many_threads_at_once_never_fails() -> None:
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+def test_a_candidate_that_changes_the_reference_problem_is_a_failure_not_a_kernel() -> None:
+    """Every candidate of every pass must leave `reference`, `make_inputs`, ... and the module names they read
+    byte-identical (the LLM validator's rule, now applied to rule passes too): a rewrite of fused_11's GROUP_SIZE
+    (read by its reference's group norm) is recorded as a failure, and `apply` declines it, with the reason."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from pallasopt.passes.base import Pass
+    from pallasopt.passes.pipeline import apply_pipeline
+    from pallasopt.search.candidates import apply_choice
+    from pallasopt.search.node import Node
+
+    @dataclass(frozen=True)
+    class Regroup(Pass):
+        name: ClassVar[str] = "regroup"
+
+        def apply(self, ir: KernelIR) -> KernelIR:
+            return ir.with_source(ir.source.replace("GROUP_SIZE = 256", "GROUP_SIZE = 512"), self.spec())
+
+    ir = KernelIR.from_file(ROOT / "bench" / "kernels" / "fused_11_matmul_groupnorm.py")
+    root = Node((), ir.digest, None, 0, ir)
+    nodes: dict[str, Node] = {root.digest: root}
+    events: list[tuple[str, dict]] = []
+    node, new = apply_choice(root, Regroup(), nodes, lambda e, i: events.append((e, i)))
+    assert node is None and not new
+    (failed,) = [n for n in nodes.values() if n.error]
+    assert "changes what the oracle checks" in failed.error and "GROUP_SIZE" in failed.error
+    _, (rec,) = apply_pipeline(ir, [Regroup()])
+    assert not rec.applied and "GROUP_SIZE" in rec.reason

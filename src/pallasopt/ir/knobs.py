@@ -15,6 +15,7 @@ the array (the wrapper pads for them) and takes the grid along that axis from th
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -22,8 +23,8 @@ import libcst as cst
 
 from ..workload import load_source
 from .cst_edit import replace_integers
-from .facts import CallFacts
-from .matchers import Located, Pos, find_call_node, is_blockspec, spec_list
+from .facts import CallFacts, Operand
+from .matchers import Located, Pos, find_call_node, free_names, is_blockspec, spec_list
 from .trace import trace_calls
 
 PROTECTED_FUNCTIONS = ("reference", "make_inputs", "hand_tuned")
@@ -88,7 +89,34 @@ def _bound_name(loc: Located, node: cst.Integer) -> str | None:
     return None
 
 
-def _protected(loc: Located, node: cst.CSTNode) -> bool:
+def reference_reads(module: cst.Module) -> set[str]:
+    """The module-level names the protected functions (`reference`, `make_inputs`, `hand_tuned`) read, directly or
+    through module-level functions they call: a constant among them is part of the problem, not of the kernel.
+    (fused_11's `GROUP_SIZE` sets both the kernel's tile and the reference's group norm; tuning it as a tile changed
+    the reference with the kernel, so the check compared the rewrite against a different problem.)"""
+    functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+    todo = [functions[n] for n in PROTECTED_FUNCTIONS if n in functions]
+    seen: set[str] = set()
+    reads: set[str] = set()
+    while todo:
+        fn = todo.pop()
+        if fn.name.value in seen:
+            continue
+        seen.add(fn.name.value)
+        names = set().union(*(free_names(stmt) for stmt in fn.body.body if not _imports_only(stmt)))
+        reads |= names
+        todo += [functions[n] for n in names if n in functions and n not in seen]
+    return reads
+
+
+def _imports_only(stmt: cst.CSTNode) -> bool:
+    """An `import` line (in `hand_tuned`, the library kernel's import names a function, not a module name it reads)."""
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(x, cst.Import | cst.ImportFrom) for x in stmt.body
+    )
+
+
+def _protected(loc: Located, node: cst.CSTNode, reads: set[str]) -> bool:
     cur = loc.parent(node)
     while cur is not None:
         if isinstance(cur, cst.FunctionDef) and cur.name.value in PROTECTED_FUNCTIONS:
@@ -97,6 +125,10 @@ def _protected(loc: Located, node: cst.CSTNode) -> bool:
             for t in cur.targets:
                 if isinstance(t.target, cst.Name) and t.target.value in PROTECTED_NAMES:
                     return True
+                if isinstance(t.target, cst.Name) and t.target.value in reads and loc.parent(cur) is not None:
+                    line = loc.parent(cur)
+                    if isinstance(line, cst.SimpleStatementLine) and loc.parent(line) is loc.wrapper.module:
+                        return True  # a module-level constant the reference reads
         cur = loc.parent(cur)
     return False
 
@@ -104,6 +136,7 @@ def _protected(loc: Located, node: cst.CSTNode) -> bool:
 def candidate_literals(module: cst.Module, values: set[int]) -> list[tuple[Pos, int, str | None]]:
     """Int literals outside the protected interface whose value is one of `values`."""
     loc = Located.of(module)
+    reads = reference_reads(loc.wrapper.module)
     out: list[tuple[Pos, int, str | None]] = []
 
     class Finder(cst.CSTVisitor):
@@ -112,7 +145,7 @@ def candidate_literals(module: cst.Module, values: set[int]) -> list[tuple[Pos, 
                 v = int(node.evaluated_value)
             except ValueError:
                 return
-            if v in values and not _protected(loc, node):
+            if v in values and not _protected(loc, node, reads):
                 out.append((loc.start(node), v, _bound_name(loc, node)))
 
     loc.wrapper.module.visit(Finder())
@@ -157,6 +190,8 @@ def _effects(
             for d, (b0, b1) in enumerate(zip(o0.block_shape, o1.block_shape, strict=True)):
                 if b0 != b1:
                     axis = grid_axis_of(c0, i, d)
+                    if axis is None and _whole_dim_reshape(o0, o1, d):
+                        continue  # the wrapper reshapes by the tile (chunk-major rows, (nc, 1, chunk)): no effect
                     if axis is None:
                         return None  # moved a block dim that no grid axis walks: not a tile size
                     block_axes.add(axis)
@@ -171,6 +206,18 @@ def _effects(
                 kind = "extent" if (g1 < g0) == shrunk else "divisor"
                 found.add((c0.index, a, "block" if kind == "divisor" and scratch_moved else kind))
     return found
+
+
+def _whole_dim_reshape(o0: Operand, o1: Operand, d: int) -> bool:
+    """Block dim `d` spans its whole array dim before and after, and the array kept its element count: the wrapper
+    laid the array out by the tile (gated delta rule's per-chunk rows, `g.reshape(B, H, S // chunk, 1, chunk)`), so
+    the dim follows the tile without being one."""
+    return (
+        len(o0.shape) == len(o1.shape)
+        and o0.block_shape[d] == o0.shape[d]
+        and o1.block_shape[d] == o1.shape[d]
+        and math.prod(o0.shape) == math.prod(o1.shape)
+    )
 
 
 def padded_dims(before: tuple[CallFacts, ...], after: tuple[CallFacts, ...]) -> set[tuple[int, int, int]]:

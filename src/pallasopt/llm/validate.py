@@ -98,6 +98,18 @@ def validate(original: str, candidate: str, path: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(reasons))  # unique, in order
 
 
+def oracle_changes(original: str, candidate: str, entry: str, path: str = "<candidate>") -> tuple[str, ...]:
+    """Why `candidate` changes what the oracle checks against `original` (empty: it does not): `reference`,
+    `make_inputs`, `hand_tuned`, `TOLERANCE`, `CHECK_DIMS`, `ENTRY`, and every module-level name they use, must stay
+    byte-identical. The search applies this to every candidate of every pass, not only to LLM rewrites."""
+    try:
+        new_tree = parse_module(candidate, filename=path)
+    except SyntaxError as e:
+        return (f"syntax error at line {e.lineno}: {e.msg}",)
+    old_tree = parse_module(original, filename=path)
+    return tuple(dict.fromkeys(_protected_unchanged(original, old_tree, candidate, new_tree, entry)))
+
+
 def _code_rules(tree: ast.Module) -> list[str]:
     return _no_escape(tree) + _no_caching(tree) + _no_interpret(tree)
 

@@ -110,7 +110,7 @@ class TilePass(Pass):
             check(
                 len(got.grid) == len(want.grid)
                 and [got.grid[a] for a in fixed] == [want.grid[a] for a in fixed]
-                and [o.block_shape for o in got.operands] == [o.block_shape for o in want.operands],
+                and all(_same_blocks(g, w) for g, w in zip(got.operands, want.operands, strict=True)),
                 f"the rewrite was not coherent: call {got.index} traced to grid {got.grid} "
                 f"blocks {[o.block_shape for o in got.operands]}, expected grid {want.grid}",
             )
@@ -245,6 +245,17 @@ def _options(call: CallFacts, knob: Knob) -> list[int]:
             if size % parts == 0 and (size // parts * knob.value) % b == 0:
                 whole.add(size // parts * knob.value // b)
     return sorted({knob.value} | {s for s in (*SIZES, *whole) if s > 0 and fits(s)})
+
+
+def _same_blocks(got: Operand, want: Operand) -> bool:
+    """The traced block is the predicted one, but for dims that span the whole array in both (an array the wrapper
+    lays out by the tile, `g.reshape(B, H, S // chunk, 1, chunk)`: the prediction keeps the old array shape)."""
+    if len(got.block_shape) != len(want.block_shape):
+        return False
+    return all(
+        b == w or (b == got.shape[d] and w == want.shape[d])
+        for d, (b, w) in enumerate(zip(got.block_shape, want.block_shape, strict=True))
+    )
 
 
 def predict(

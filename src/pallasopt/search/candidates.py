@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..errors import PassNotApplicable
+from ..llm.validate import oracle_changes
 from ..passes.base import Pass
 from .node import Node, ProgressFn
 from .ranking import only_in_margin, unavailable_reason
@@ -109,6 +110,13 @@ def apply_choice(
             recipe, digest, lineage[0], state.depth + 1, None, error=f"{type(e).__name__}: {e}", parents=lineage
         )
         say("failed", {"recipe": recipe, "error": str(e)})
+        return None, False
+    changed = oracle_changes(state.ir.source, new_ir.source, state.ir.entry, state.ir.path)
+    if changed:  # e.g. a tile knob that is also a constant of the reference: a different problem, not a kernel
+        digest = f"failed:{'|'.join(recipe)}"
+        why = f"the rewrite changes what the oracle checks: {changed[0]}"
+        nodes[digest] = Node(recipe, digest, lineage[0], state.depth + 1, None, error=why, parents=lineage)
+        say("failed", {"recipe": recipe, "error": why})
         return None, False
     if new_ir.digest in nodes:
         return nodes[new_ir.digest], False
