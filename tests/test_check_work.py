@@ -87,3 +87,20 @@ def test_a_bigger_block_grows_check_dims_from_the_modules_own() -> None:
     dims = derive_check_dims(new.workload, new.calls)
     assert dims == {**ir.workload.dims, **ir.workload.check_dims, "max_len": 256}, dims
     assert check_work(new.workload, new.calls) < 4 * check_work(ir.workload, ir.calls)
+
+
+def test_check_dims_never_go_under_the_modules_own_even_from_the_defaults() -> None:
+    """llm_flash_attention tiled (1024, 2048) needs S = 4096, the default, so growing CHECK_DIMS reaches the defaults;
+    stepping down from there used to take D to 4, rows too short for the oracle's row rule (a false failure that kept
+    the baseline in the 2026-12-02 bench). The floor is CHECK_DIMS either way."""
+    from conftest import ROOT
+
+    from pallasopt.ir.kernel_ir import KernelIR
+    from pallasopt.passes.registry import parse_pipeline
+
+    ir = KernelIR.from_file(ROOT / "bench" / "kernels" / "llm_flash_attention.py")
+    ((tile,),) = [parse_pipeline("tile{call=0,BLOCK_Q=1024,BLOCK_K=2048}")]
+    new = tile.apply(ir)
+    assert new.workload is not None
+    dims = derive_check_dims(new.workload, new.calls)
+    assert dims["D"] == 128 and dims["S"] == 4096 and dims["B"] >= 2 and dims["H"] >= 2, dims

@@ -151,7 +151,8 @@ def _shrink(
 
 def derive_check_dims(workload: Workload, base: tuple[CallFacts, ...] | None = None) -> dict[str, int]:
     """Small dims for the CPU check: the module's CHECK_DIMS; where this kernel's blocks no longer fit them (a
-    candidate with a bigger tile), CHECK_DIMS grown until they do and stepped back down, never under CHECK_DIMS
+    candidate with a bigger tile), CHECK_DIMS grown until they do (or the defaults) and stepped back down, never
+    under CHECK_DIMS
     (a (1024, 1024) tile of a matmul whose CHECK_DIMS are 256 gets 2048, not a size halved down from the defaults);
     else the defaults stepped down (`smaller_values`, round-robin) while the kernel still traces, its grid keeps
     >= 2 steps on every axis that had them, and the outputs stay covered. `base`: the facts at the default dims,
@@ -164,9 +165,10 @@ def derive_check_dims(workload: Workload, base: tuple[CallFacts, ...] | None = N
         small = {**dims, **given}
         if _fits(workload, small, base):
             return small
-        grown = _grown(workload, given, base)
-        if grown is not None:
-            return _shrink(workload, grown, base, floor=small)
+        # Never under CHECK_DIMS, even from the defaults: stepping a head dim down to 4 left rows too short for
+        # the oracle's row rule (llm_flash_attention's (1024, 2048) tiles failed it falsely in the 2026-12-02 bench).
+        start = _grown(workload, given, base) or dims
+        return _shrink(workload, start, base, floor=small)
     return _shrink(workload, dims, base, floor={})
 
 
