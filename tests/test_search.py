@@ -418,3 +418,30 @@ def test_the_baseline_compile_gets_a_share_of_the_budget_and_its_cut_is_said(mat
     reasons = dict(out.ranking.not_used)
     assert "did not finish in its share of the search budget" in reasons["compiler"]
     assert out.best is not out.baseline and out.best.passed("check")
+
+
+def test_candidates_the_compiler_rejects_are_replaced_by_the_next_in_model_order(matmul_ir) -> None:
+    """llm_ragged_dot's eight model-best tiles all overflowed VMEM at the compiler in the 2026-12-02 bench and the
+    search stopped at its baseline. Now each rejected one is replaced by the next candidate in model order until
+    `prune` compiled: with beam 1 (prune 2) and the two model-best block sizes failing, the run still finds a kernel."""
+    from pallasopt.search.candidates import one_per_signature
+    from pallasopt.search.node import Node
+
+    root = Node((), matmul_ir.digest, None, 0, matmul_ir)
+    kids = []
+    for choice in TilePass.choices(matmul_ir, V5E):
+        try:
+            new = choice.apply(matmul_ir)
+        except Exception:
+            continue
+        n = Node((choice.spec(),), new.digest, root.digest, 1, new)
+        n.results["model"] = model_tier(new, V5E)
+        kids.append(n)
+    kids = [k for k in kids if k.passed("model")]
+    kids.sort(key=lambda n: (n.results["model"].time_s, len(n.recipe), n.spec))
+    top = one_per_signature(kids)
+    failing = frozenset({FakeTiers.bm(top[0].ir), FakeTiers.bm(top[1].ir)})
+    tiers = FakeTiers(compile_fail_bm=failing)
+    out = run(matmul_ir, tiers, beam=1, depth=1)
+    assert out.best is not out.baseline and out.best.passed("compiler")
+    assert FakeTiers.bm(out.best.ir) not in failing
