@@ -259,7 +259,7 @@ class Funnel:
         )
         prune = prune if prune is not None else (None if want is None else want * PRUNE_FACTOR)
         ordered = one_per_signature(alive)
-        alive, rest = ordered[:prune], ordered[len(ordered[:prune]) :]
+        alive, rest = ordered[:prune], ([] if prune is None else ordered[prune:])
         if self.compile_children:
             passed = self._compile([c for c in alive if not self._skip_compile(c, bar)])
             # Candidates the compiler rejects (VMEM the model under-counts) are replaced by the next in model order,
@@ -316,14 +316,15 @@ class Funnel:
         `2 * want`), only candidates faster than `worst_kept`: only those could enter the result."""
         max_checks = max_checks if max_checks is not None else (None if want is None else 2 * want)
         queue = [c for c in ranked if self.key(c) < worst_kept]
-        goal = min(len(queue), max_checks if max_checks is not None else len(queue)) if want is None else want
+        limit = len(queue) if max_checks is None else max_checks  # checks started, at most
+        goal = min(len(queue), limit) if want is None else want
         started = 0
         verified: list[Node] = []
-        while queue and len(verified) < goal and (max_checks is None or started < max_checks):
+        while queue and len(verified) < goal and started < limit:
             if self.out_of_time():
                 self.cut = True
                 break
-            k = min(self.jobs, goal - len(verified), *(() if max_checks is None else (max_checks - started,)))
+            k = min(self.jobs, goal - len(verified), limit - started)
             batch: list[Node] = []
             while queue and len(batch) < k:
                 c, queue = queue[0], queue[1:]
