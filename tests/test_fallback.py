@@ -37,6 +37,27 @@ def test_the_written_module_runs_the_original_where_the_tuned_blocks_do_not_fit(
     assert r.ok, r.message
 
 
+# Right when the grid covers at least 64 rows: the original (8-row blocks) is wrong at its own M=32, the tuned one
+# (64-row blocks) right at M=128.
+SMALL_WRONG = GOOD.replace(
+    "    o_ref[...] = x_ref[...] + 1.0\n",
+    "    rows = pl.num_programs(0) * x_ref.shape[0]\n    o_ref[...] = x_ref[...] + jnp.where(rows < 64, 2.0, 1.0)\n",
+)
+
+
+@pytest.mark.slow
+def test_a_size_where_the_original_fails_too_is_not_held_against_the_optimized_module(tmp_path) -> None:
+    """The module fails at the other size; the original is checked there only then, fails too, and the verdict
+    says so (ok, with a note) instead of blaming the optimization."""
+    assert SMALL_WRONG != GOOD
+    path = str(tmp_path / "add_one.py")
+    tuned = SMALL_WRONG.replace("BM = 8\n", "BM = 64\n", 1)
+    workload = load_source(SMALL_WRONG, path)
+    g = generalize(tuned, SMALL_WRONG, path, workload, {"M": 128}, {"M": 32}, SEEDS)
+    assert g.ok and "does not pass at {'M': 32} either" in g.note, g
+    assert [(c["dims"], c["path"], c["ok"]) for c in g.checks] == [({"M": 128}, "optimized", True)]
+
+
 def test_the_entry_dispatches_on_argument_shapes() -> None:
     shapes = [((2048, 128),), ((128, 128),)]
     source = with_fallback(TUNED, GOOD, "add_one", {"M": 2048, "N": 128}, shapes)

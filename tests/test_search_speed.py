@@ -111,10 +111,9 @@ def test_beam_skips_work_that_cannot_change_its_result_and_wins_the_same(matmul_
     reference = Floored()
     recipe, best_s, stop = _full_funnel_beam(matmul_ir, reference, cfg)
     assert (out.best.recipe, out.score(out.best).time_s, out.stop_reason) == (recipe, best_s, stop)
-    # At the last depth the vmem-limit children of the beam's second state are as fast as it: not faster than the
-    # best but faster than the third, so the full funnel checks them; beam does not.
+    # The beam's states slower than the best are kept unchecked (the full funnel checks every one of them).
     skipped = [n for n in out.nodes.values() if n.skipped]
-    assert any("check skipped" in n.skipped for n in skipped)
+    assert any("check deferred" in n.skipped for n in skipped)
     assert all("check" not in n.results for n in skipped)
     spend = out.spend
     n_skipped = spend.get("skipped-check", None), spend.get("skipped-compiler", None)
@@ -208,3 +207,50 @@ def test_metadata_is_resolved_once_per_module_and_edits_are_unchanged(matmul_ir,
     monkeypatch.setattr(matchers, "LOCATED_CACHE", 0)  # resolved afresh for every edit, as before the cache
     assert matchers.Located.of(matmul_ir.module) is not loc
     assert [c.apply(matmul_ir).source for c in choices] == cached
+
+
+class FailingRows(Floored):
+    """As `Floored`, but every candidate whose first operand's block has `rows` rows fails its check."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__()
+        self.rows = rows
+
+    def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
+        self.seen["check"].append(ir.digest)
+        ok = ir.calls[0].operands[0].block_shape[0] != self.rows
+        return TierResult("check", ok, None, "fake" if ok else "wrong rows")
+
+
+def test_lazy_checks_never_keep_or_return_a_failed_state(matmul_ir, monkeypatch) -> None:
+    """Beam keeps states unchecked, but a state that failed its check never enters the beam (no child of it is made),
+    the result passed its check, and when the fastest children fail the next ones are checked in rank order."""
+    monkeypatch.setattr("pallasopt.search.beam.BEAM_CHOICES", CHOICES)
+    cfg = SearchConfig(beam=3, depth=2, jobs=1)
+    all_pass = beam_search(matmul_ir, PASSES, Floored(), V5E, cfg)
+    rows = all_pass.best.ir.calls[0].operands[0].block_shape[0]  # make the all-pass winner's row block wrong
+    tiers = FailingRows(rows)
+    out = beam_search(matmul_ir, PASSES, tiers, V5E, cfg)
+    failed = {d for d, n in out.nodes.items() if n.failed("check")}
+    assert failed, "the winner's rows fail, so some check must have failed"
+    assert out.best.passed("check") and out.best.ir.calls[0].operands[0].block_shape[0] != rows
+    assert not any(n.parent in failed for n in out.nodes.values())
+    # every candidate faster than the result was checked and failed (nothing faster was left unchecked)
+    faster = [n for n in out.nodes.values() if n.depth and "compiler" in n.results and out.score(n)]
+    assert all(n.failed("check") for n in faster if out.score(n).time_s < out.score(out.best).time_s)
+    unchecked = [n for n in out.nodes.values() if n.skipped and "check deferred" in n.skipped]
+    assert unchecked and all("check" not in n.results for n in unchecked)
+
+
+def test_a_candidate_with_the_signature_of_a_compiled_one_is_not_compiled_again(matmul_ir) -> None:
+    """`vmem-limit{mib=32}` on the baseline (which fits the default limit) has the baseline's blocks, grid and model
+    time: the compiler tier's answer is the baseline's, so it is not compiled (the skip is recorded)."""
+    from pallasopt.search.candidates import signature
+
+    tiers = Floored(floor=False)
+    f = funnel(matmul_ir, tiers)
+    kids = f.expand(f.root, (VmemLimitPass,))
+    assert kids and all(signature(k) == signature(f.root) for k in (f.rank(kids, None) or kids))
+    assert all("the same blocks, grid and model time as (baseline)" in (k.skipped or "") for k in kids)
+    assert not {k.digest for k in kids} & set(tiers.seen["compiler"])
+    assert f.ledger.snapshot()["skipped-compiler"].candidates == len(kids)

@@ -9,11 +9,15 @@ at the verified size (the optimized path) and at another size the original kerne
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import libcst as cst
+
+if TYPE_CHECKING:
+    from .executors import Executor
+    from .harness.check import CheckResult
 
 Shapes = tuple[tuple[int, ...] | None, ...]  # the shape of each positional argument (None: not an array)
 
@@ -137,11 +141,14 @@ def generalize(
     verified_dims: Mapping[str, int],
     baseline_dims: Mapping[str, int],
     seeds: Sequence[int],
+    executor: Executor | None = None,
 ) -> Generalized:
     """Build the module with the fallback and check it at `verified_dims` and at another size (see `other_dims`).
 
-    `workload` is the original's (its `make_inputs` gives the argument shapes). Checks run in child processes."""
-    from .harness.check import check
+    `workload` is the original's (its `make_inputs` gives the argument shapes). The checks are jobs of `executor`
+    (the search's: warm workers, or Ray), both sizes at once; the original kernel is checked at the other size only
+    when the module fails there (a failure the original has too is not the optimization's). Without an executor,
+    fresh child processes, one after another."""
     from .ir.trace import arg_structs
 
     tuned = dict(workload.dims)
@@ -150,18 +157,43 @@ def generalize(
     source = with_fallback(best_source, original_source, entry, tuned, list(dict.fromkeys(shapes)))
     if source is None:
         return Generalized(best_source, True, note=f"no fallback: the entry {entry!r} is not a def or an assignment")
+    other = other_dims(tuned, verified_dims, baseline_dims)
+    two_sizes = shapes_of(arg_structs(workload, other)) not in shapes
+    run = _checks(executor, path, seeds)
+    here = run(source, verified_dims)
+    there = run(source, other) if two_sizes else None
     checks: list[Mapping[str, Any]] = []
-    r = check(source, path, seeds=seeds, dims=verified_dims)
+    r = here()
     checks.append({"dims": dict(verified_dims), "path": "optimized", "ok": r.ok, "message": r.message})
     if not r.ok:
         return Generalized(source, False, tuple(checks), f"the module with its fallback fails: {r.message}")
-    other = other_dims(tuned, verified_dims, baseline_dims)
-    if shapes_of(arg_structs(workload, other)) in shapes:
+    if there is None:
         return Generalized(source, True, tuple(checks), f"no other size to check: {other} has the tuned shapes")
-    base = check(original_source, path, seeds=seeds, dims=other)
-    if not base.ok:
-        note = f"the original kernel does not pass at {other} either ({base.status}), so no other size was checked"
-        return Generalized(source, True, tuple(checks), note)
-    r = check(source, path, seeds=seeds, dims=other)
+    r = there()
+    if not r.ok:  # whose fault: the original kernel's own at this size is not ours
+        b = run(original_source, other)()
+        if not b.ok:
+            note = f"the original kernel does not pass at {other} either ({b.status}), so no other size was checked"
+            return Generalized(source, True, tuple(checks), note)
     checks.append({"dims": dict(other), "path": "original", "ok": r.ok, "message": r.message})
     return Generalized(source, r.ok, tuple(checks), "" if r.ok else f"fails at {other}: {r.message}")
+
+
+GENERALIZE_CHECK_TIMEOUT_S = 300.0
+
+
+def _checks(
+    executor: Executor | None, path: str, seeds: Sequence[int]
+) -> Callable[[str, Mapping[str, int]], Callable[[], CheckResult]]:
+    """`run(source, dims)` starts a check of `source` at `dims` and returns a function that waits for its result:
+    a job of `executor` (started now), or a fresh child when called (no executor)."""
+    from .executors.jobs import check_job
+    from .harness.check import check
+
+    def run(source: str, dims: Mapping[str, int]) -> Callable[[], CheckResult]:
+        if executor is None:
+            return lambda: check(source, path, seeds=seeds, dims=dims, timeout_s=GENERALIZE_CHECK_TIMEOUT_S)
+        fut = executor.submit(check_job(source, path, seeds, timeout_s=GENERALIZE_CHECK_TIMEOUT_S, dims=dims))
+        return fut.result
+
+    return run

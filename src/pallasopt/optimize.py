@@ -310,7 +310,7 @@ def optimize(
         result = _finish(outcome, base, chip, cached, kernel_path, out_path, start, config)
         result = dataclasses.replace(result, llm_usage=usage, notes=untunable_notes(base))
         if evaluator is None:  # a caller's own evaluator (tests, fakes) decides correctness alone
-            result = _generalize(result, base, outcome)
+            result = _generalize(result, base, outcome, executor)
         if write_output and result.correct:
             _write_output(out_path, result.source, kernel_path, in_place)
         if report_dir is not None:
@@ -340,7 +340,7 @@ def _report(folder: Path, base: KernelIR, outcome: SearchOutcome | None, result:
     return dataclasses.replace(result, report_path=str(rp))
 
 
-def _generalize(result: Result, base: KernelIR, outcome: SearchOutcome) -> Result:
+def _generalize(result: Result, base: KernelIR, outcome: SearchOutcome, executor: Executor) -> Result:
     """Keep the original kernel as the fallback at sizes the optimized one was not tuned for, and check the module
     at a second size (fallback.py); its verdict joins the final check under "sizes"."""
     if not result.correct or not result.recipe or base.workload is None:
@@ -357,6 +357,7 @@ def _generalize(result: Result, base: KernelIR, outcome: SearchOutcome) -> Resul
         verified,
         (own.data.get("dims") if own is not None else None) or {},
         tuple(result.final_check.get("data", {}).get("seeds") or FINAL_SEEDS),
+        executor,
     )
     final = {**result.final_check, "sizes": g.to_dict()}
     return dataclasses.replace(result, source=g.source, correct=g.ok, final_check=final)

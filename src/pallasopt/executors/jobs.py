@@ -44,8 +44,13 @@ def compile_job(
     return Job("compile", compiler.compile_module, kwargs, timeout_s, _CompileLost(target, steps_scale), CPU_JOB)
 
 
-def check_job(source: str, path: str, seeds: Sequence[int], *, timeout_s: float) -> Job:
-    kwargs = {"source": source, "path": path, "seeds": tuple(seeds), "timeout_s": timeout_s}
+def check_job(
+    source: str, path: str, seeds: Sequence[int], *, timeout_s: float, dims: Mapping[str, int] | None = None
+) -> Job:
+    """The oracle on `source` (at `dims`: the module's own check dims when None)."""
+    kwargs: dict[str, Any] = {"source": source, "path": path, "seeds": tuple(seeds), "timeout_s": timeout_s}
+    if dims is not None:
+        kwargs["dims"] = dict(dims)
     return Job("check", oracle.check, kwargs, timeout_s, _check_lost, CPU_JOB)
 
 

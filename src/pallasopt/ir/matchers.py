@@ -8,6 +8,7 @@ never as a private name one pass imports from another.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -44,8 +45,20 @@ class Located:
     """
 
     wrapper: MetadataWrapper
-    positions: Mapping[cst.CSTNode, object]
-    parents: Mapping[cst.CSTNode, cst.CSTNode]
+
+    @functools.cached_property
+    def positions(self) -> Mapping[cst.CSTNode, object]:
+        """Resolved on first use (it renders the whole module): an edit that only walks the tree never pays it."""
+        return self.wrapper.resolve(PositionProvider)
+
+    @functools.cached_property
+    def calls(self) -> tuple[cst.Call, ...]:
+        """The module's `pallas_call(...)` nodes in source order."""
+        return _pallas_calls(self.wrapper.module)
+
+    @functools.cached_property
+    def parents(self) -> Mapping[cst.CSTNode, cst.CSTNode]:
+        return self.wrapper.resolve(ParentNodeProvider)
 
     @staticmethod
     def of(module: cst.Module) -> Located:
@@ -55,11 +68,7 @@ class Located:
                 _LOCATED.move_to_end(id(module))
                 return hit[1]
         wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-        loc = Located(
-            wrapper=wrapper,
-            positions=wrapper.resolve(PositionProvider),
-            parents=wrapper.resolve(ParentNodeProvider),
-        )
+        loc = Located(wrapper=wrapper)
         with _LOCATED_LOCK:
             _LOCATED[id(module)] = (module, loc)
             while len(_LOCATED) > LOCATED_CACHE:
@@ -150,6 +159,11 @@ def is_pallas_call(node: cst.CSTNode) -> bool:
 
 
 def pallas_call_nodes(loc: Located) -> list[cst.Call]:
+    """The module's `pallas_call(...)` nodes in source order (found once per module: `Located.calls`)."""
+    return list(loc.calls)
+
+
+def _pallas_calls(module: cst.Module) -> tuple[cst.Call, ...]:
     found: list[cst.Call] = []
 
     class Finder(cst.CSTVisitor):
@@ -157,8 +171,8 @@ def pallas_call_nodes(loc: Located) -> list[cst.Call]:
             if is_pallas_call(node):
                 found.append(node)
 
-    loc.wrapper.module.visit(Finder())
-    return found
+    module.visit(Finder())
+    return tuple(found)
 
 
 def find_call_node(loc: Located, call: CallFacts) -> cst.Call:

@@ -5,6 +5,7 @@ the baseline's verdicts at every tier (`evaluate_baseline`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import PassNotApplicable
 from ..llm.validate import oracle_changes
@@ -36,9 +37,10 @@ def evaluate_baseline(
     seeds: tuple[int, int],
     clock: Callable[[], float],
     compile_deadline: float | None = None,
+    jobs: int = 1,
 ) -> tuple[int, float]:
     """Model, compiler, check and hardware verdicts on the baseline; the number of evaluations and the check's
-    seconds. `compile_deadline` (a search with a budget): the baseline's compile is stopped there; stopped, it is a
+    seconds; with `jobs` >= 2 the compile and the check run at once. `compile_deadline` (a search with a budget): the baseline's compile is stopped there; stopped, it is a
     `budget_cut` result (no verdict on the kernel), so the ranking goes to the next tier and says why.
 
     A baseline the model finds over the VMEM limit (or with an illegal block shape) is not compiled or timed: the
@@ -49,17 +51,23 @@ def evaluate_baseline(
     root.results["model"] = ledger.timed("model", evaluator.model, ir)
     n = 1
     compile_it = root.passed("model") or only_in_margin(root.results["model"])
-    if compile_it and unavailable_reason(evaluator, "compiler") is None:
-        kw = deadline_kw(evaluator.compiler, compile_deadline)
-        comp = ledger.timed("compiler", evaluator.compiler, ir, **kw)
-        if comp is not None:
-            root.results["compiler"] = comp
-            n += 1
+    with ThreadPoolExecutor(1) as side:
+        # The compile runs beside the check when two jobs may run at once (neither reads the other's verdict).
+        compiling = None
+        if compile_it and unavailable_reason(evaluator, "compiler") is None:
+            kw = deadline_kw(evaluator.compiler, compile_deadline)
+            compiling = side.submit(lambda: ledger.timed("compiler", evaluator.compiler, ir, **kw))
+            if jobs < 2:
+                compiling.result()
+        t_check = clock()
+        root.results["check"] = ledger.timed("check", evaluator.check, ir, seeds)
+        check_s = clock() - t_check
+        n += 1
+        comp = compiling.result() if compiling is not None else None
+    if comp is not None:
+        root.results["compiler"] = comp
+        n += 1
     fits = root.passed("model") or root.passed("compiler")
-    t_check = clock()
-    root.results["check"] = ledger.timed("check", evaluator.check, ir, seeds)
-    check_s = clock() - t_check
-    n += 1
     if root.passed("check") and fits and unavailable_reason(evaluator, "hardware") is None:
         hw = ledger.timed("hardware", evaluator.hardware, ir)
         if hw is not None:

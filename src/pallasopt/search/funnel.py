@@ -20,7 +20,7 @@ from ..cost_model.hardware import Chip
 from ..harness.check_dims import INTERPRET_S_PER_ELEMENT_STEP
 from ..ir.kernel_ir import KernelIR
 from ..passes.base import Pass
-from .candidates import apply_choice, evaluate_baseline, one_per_signature, truncate
+from .candidates import apply_choice, evaluate_baseline, one_per_signature, signature, truncate
 from .node import BaselineIncorrect, Node, ProgressFn, SearchOutcome, score_of
 from .ranking import RANKING_TIERS, choose_tier, tier_works, unavailable_reason
 from .spend import Ledger
@@ -68,6 +68,7 @@ class Funnel:
         self._reached: dict[tuple[str, ...], Node] = {}
         self._work: dict[str, int | None] = {}  # digest -> check_work (element-steps), asked once per candidate
         self.compile_s = 0.0  # the longest compile waited for so far (wall, as the budget sees it)
+        self._compiled: dict[tuple[object, ...], str] = {}  # signature -> digest of a node that compiled with it
         self.root = Node(recipe=(), digest=base.digest, parent=None, depth=0, ir=base)
         self.nodes[self.root.digest] = self.root
         self._baseline()
@@ -112,7 +113,9 @@ class Funnel:
         root = self.root
         b = self.config.budget_seconds
         cut_at = None if b is None else self.start + BASELINE_COMPILE_SHARE * b
-        n_base, check_s = evaluate_baseline(root, self.evaluator, self.ledger, self.seeds, self.clock, cut_at)
+        n_base, check_s = evaluate_baseline(
+            root, self.evaluator, self.ledger, self.seeds, self.clock, cut_at, self.jobs
+        )
         self.evaluations += n_base
         # What one check costs here (its own record when it came from the database): compiling stops this long
         # before the budget ends, so the candidates it ranked best still get their check (else the budget would end
@@ -120,6 +123,8 @@ class Funnel:
         self.check_s = max(check_s, float(root.results["check"].data.get("wall_s") or 0.0))
         if not root.passed("check"):
             raise BaselineIncorrect(root.results["check"].message)
+        if root.passed("compiler"):
+            self._compiled[signature(root)] = root.digest
         fits = root.passed("model") or root.passed("compiler")  # else the higher tiers were not run on the baseline
         unavailable = {t: unavailable_reason(self.evaluator, t) for t in RANKING_TIERS}
         tells = callable(getattr(self.evaluator, "unavailable", None))
@@ -261,16 +266,35 @@ class Funnel:
         ordered = one_per_signature(alive)
         alive, rest = ordered[:prune], ([] if prune is None else ordered[prune:])
         if self.compile_children:
-            passed = self._compile([c for c in alive if not self._skip_compile(c, bar)])
+            passed = self._compile_new(alive, bar)
             # Candidates the compiler rejects (VMEM the model under-counts) are replaced by the next in model order,
             # until `prune` compiled or none is left: llm_ragged_dot's eight model-best tiles all overflowed VMEM in
             # the 2026-12-02 bench, and the search stopped at its baseline (11.7x in the 2026-11-29 run).
             while rest and prune is not None and passed < prune and not self.out_of_time() and self.compile_time_left():
                 more, rest = rest[: prune - passed], rest[prune - passed :]
                 alive += more
-                passed += self._compile([c for c in more if not self._skip_compile(c, bar)])
+                passed += self._compile_new(more, bar)
             alive = [c for c in alive if c.passed("compiler")]
         return sorted(alive, key=self.rank_key)
+
+    def _compile_new(self, nodes: list[Node], bar: float) -> int:
+        """Compile those of `nodes` that can change the result (`_skip_compile`) and whose answer is not known
+        already: a candidate with the signature of one that compiled before (`signature`: the same blocks, grid,
+        buffering and model time, e.g. `vmem-limit{mib=32}` on a state that fits in the default limit) is the same
+        to the compiler tier, which ranks that one already. How many passed, the known ones counted as passed (they
+        take their slot: no refill for them)."""
+        todo, known = [], 0
+        for c in nodes:
+            if self._skip_compile(c, bar):
+                continue
+            twin = self._compiled.get(signature(c))
+            if twin is not None and twin != c.digest:
+                spec = self.nodes[twin].spec if twin in self.nodes else twin
+                self.skip(c, "compiler", f"compile skipped: the same blocks, grid and model time as {spec}, compiled")
+                known += 1
+            else:
+                todo.append(c)
+        return known + self._compile(todo)
 
     def _compile(self, todo: list[Node]) -> int:
         """Compile `todo`: up to `jobs` in flight, started in model order (the next as soon as one ends), none
@@ -282,6 +306,8 @@ class Funnel:
                 c.results["compiler"] = r
                 self.evaluations += 1
                 passed += int(r.ok)
+                if r.ok:
+                    self._compiled.setdefault(signature(c), c.digest)
         return passed
 
     def _skip_compile(self, c: Node, bar: float) -> bool:

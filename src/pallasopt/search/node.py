@@ -55,6 +55,11 @@ class Node:
         r = self.results.get(tier)
         return r is not None and r.ok
 
+    def failed(self, tier: str) -> bool:
+        """`tier` ran and said no (a check the budget stopped is no verdict)."""
+        r = self.results.get(tier)
+        return r is not None and not r.ok and not r.data.get("budget_cut")
+
 
 @dataclass(frozen=True)
 class Score:
