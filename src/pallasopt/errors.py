@@ -91,6 +91,11 @@ class PassNotApplicable(PallasoptError):
         super().__init__(reason)
 
 
+class ProblemChanged(PassNotApplicable):
+    """A rewrite that changes what the oracle checks (the reference, the inputs, the tolerance...): a different
+    problem, never a kernel rewrite (`Pass.rewrite`). The search records it as a failed candidate."""
+
+
 def check(cond: object, reason: str) -> None:
     """Decline the current pass with `reason` unless `cond` holds."""
     if not cond:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import UsageError
+from ..errors import ProblemChanged, UsageError
 from ..ir.kernel_ir import KernelIR
 
 if TYPE_CHECKING:
@@ -35,6 +35,19 @@ class Pass:
 
     def apply(self, ir: KernelIR) -> KernelIR:
         raise NotImplementedError
+
+    def rewrite(self, ir: KernelIR) -> KernelIR:
+        """`apply`, refused (`ProblemChanged`) when the result changes what the oracle checks against `ir`
+        (`llm.validate.oracle_changes`: the reference, make_inputs, TOLERANCE... and the module names they read),
+        e.g. a tile knob that is also a constant of the reference. The one guard the search, `apply` pipelines and
+        the report's replay all go through."""
+        from ..llm.validate import oracle_changes
+
+        new = self.apply(ir)
+        changed = oracle_changes(ir.source, new.source, ir.entry, ir.path)
+        if changed:
+            raise ProblemChanged(f"the rewrite changes what the oracle checks: {changed[0]}")
+        return new
 
     def params(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -218,7 +218,7 @@ def _replayed(base: KernelIR, recipe: tuple[str, ...]) -> list[Any]:
     for i, spec in enumerate(recipe):
         try:
             (p,) = parse_pipeline(spec)
-            ir = p.apply(ir)
+            ir = p.rewrite(ir)
         except Exception:
             break
         out.append(SimpleNamespace(recipe=recipe[: i + 1], ir=ir))

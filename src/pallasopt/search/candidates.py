@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import PassNotApplicable
-from ..llm.validate import oracle_changes
+from ..errors import PassNotApplicable, ProblemChanged
 from ..passes.base import Pass
 from .node import Node, ProgressFn
 from .ranking import only_in_margin, unavailable_reason
@@ -108,7 +107,12 @@ def apply_choice(
     recipe = (*state.recipe, spec)
     lineage = parents or (state.digest,)
     try:
-        new_ir = choice.apply(state.ir)
+        new_ir = choice.rewrite(state.ir)
+    except ProblemChanged as e:  # e.g. a tile knob that is also a constant of the reference: not a kernel
+        digest = f"failed:{'|'.join(recipe)}"
+        nodes[digest] = Node(recipe, digest, lineage[0], state.depth + 1, None, error=e.reason, parents=lineage)
+        say("failed", {"recipe": recipe, "error": e.reason})
+        return None, False
     except PassNotApplicable as e:
         say("declined", {"recipe": recipe, "reason": e.reason})
         return None, False
@@ -118,13 +122,6 @@ def apply_choice(
             recipe, digest, lineage[0], state.depth + 1, None, error=f"{type(e).__name__}: {e}", parents=lineage
         )
         say("failed", {"recipe": recipe, "error": str(e)})
-        return None, False
-    changed = oracle_changes(state.ir.source, new_ir.source, state.ir.entry, state.ir.path)
-    if changed:  # e.g. a tile knob that is also a constant of the reference: a different problem, not a kernel
-        digest = f"failed:{'|'.join(recipe)}"
-        why = f"the rewrite changes what the oracle checks: {changed[0]}"
-        nodes[digest] = Node(recipe, digest, lineage[0], state.depth + 1, None, error=why, parents=lineage)
-        say("failed", {"recipe": recipe, "error": why})
         return None, False
     if new_ir.digest in nodes:
         return nodes[new_ir.digest], False
