@@ -39,8 +39,8 @@ def evaluate_baseline(
     jobs: int = 1,
 ) -> tuple[int, float]:
     """Model, compiler, check and hardware verdicts on the baseline; the number of evaluations and the check's
-    seconds; with `jobs` >= 2 the compile and the check run at once. `compile_deadline` (a search with a budget): the baseline's compile is stopped there; stopped, it is a
-    `budget_cut` result (no verdict on the kernel), so the ranking goes to the next tier and says why.
+    seconds; with `jobs` >= 2 the compile and the check run at once. `compile_deadline` (a search with a budget): the
+    baseline's compile is stopped there; stopped, it is a `budget_cut` result (no verdict on the kernel), so the ranking goes to the next tier and says why.
 
     A baseline the model finds over the VMEM limit (or with an illegal block shape) is not compiled or timed: the
     compiler can take minutes to reject huge blocks (FACTS.md), and its verdict is already known. One the model
@@ -108,23 +108,26 @@ def apply_choice(
     lineage = parents or (state.digest,)
     try:
         new_ir = choice.rewrite(state.ir)
-    except ProblemChanged as e:  # e.g. a tile knob that is also a constant of the reference: not a kernel
-        digest = f"failed:{'|'.join(recipe)}"
-        nodes[digest] = Node(recipe, digest, lineage[0], state.depth + 1, None, error=e.reason, parents=lineage)
-        say("failed", {"recipe": recipe, "error": e.reason})
-        return None, False
     except PassNotApplicable as e:
-        say("declined", {"recipe": recipe, "reason": e.reason})
+        if isinstance(e, ProblemChanged):  # e.g. a tile knob that is also a constant of the reference: not a kernel
+            _failed(nodes, state, recipe, lineage, e.reason, say)
+        else:
+            say("declined", {"recipe": recipe, "reason": e.reason})
         return None, False
     except Exception as e:  # a candidate that breaks is a result, never the end of the search
-        digest = f"failed:{'|'.join(recipe)}"
-        nodes[digest] = Node(
-            recipe, digest, lineage[0], state.depth + 1, None, error=f"{type(e).__name__}: {e}", parents=lineage
-        )
-        say("failed", {"recipe": recipe, "error": str(e)})
+        _failed(nodes, state, recipe, lineage, f"{type(e).__name__}: {e}", say)
         return None, False
     if new_ir.digest in nodes:
         return nodes[new_ir.digest], False
     node = Node(recipe, new_ir.digest, lineage[0], state.depth + 1, new_ir, parents=lineage)
     nodes[node.digest] = node
     return node, True
+
+
+def _failed(
+    nodes: dict[str, Node], state: Node, recipe: tuple[str, ...], lineage: tuple[str, ...], why: str, say: ProgressFn
+) -> None:
+    """Record the candidate `recipe` as failed (`why`): a result of the search, kept in `nodes` and reported."""
+    digest = f"failed:{'|'.join(recipe)}"
+    nodes[digest] = Node(recipe, digest, lineage[0], state.depth + 1, None, error=why, parents=lineage)
+    say("failed", {"recipe": recipe, "error": why})
