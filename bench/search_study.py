@@ -14,7 +14,9 @@ So the score is the model tier's time, and the counts say how many compiles and 
 the real tiers. With `--real` the study uses the real tiers instead (libtpu compiles, interpret-mode checks), one
 kernel database per kernel shared by the four strategies, so a recipe's compile is paid once: hours on 2 cores.
 Exhaustive is bounded by `--max-candidates`; where it hit the bound its "optimum" is only the best it reached, and
-the table says so. Results: OUT.json, OUT.md (table), OUT.png (best score vs compiler evaluations).
+the table says so. `--reference OLD.json` reuses the complete exhaustive rows of an earlier study of the same target,
+depth and passes (the optimum does not depend on the other strategies), so a change to a strategy can be measured
+without paying for exhaustive again. Results: OUT.json, OUT.md (table), OUT.png (best score vs compiler evaluations).
 """
 
 from __future__ import annotations
@@ -77,11 +79,28 @@ class StandInTiers:
         return None
 
 
+def reference_rows(path: str | None) -> dict[str, dict[str, Any]]:
+    """kernel -> its exhaustive result from an earlier study's JSON (`--reference`), complete ones only."""
+    if not path:
+        return {}
+    rows = json.loads(Path(path).read_text())["rows"]
+    return {
+        r["kernel"]: {**r["strategies"]["exhaustive"], "from": path}
+        for r in rows
+        if r.get("strategies", {}).get("exhaustive", {}).get("complete")
+    }
+
+
 def study_kernel(path: Path, chip: Chip, args: argparse.Namespace) -> dict[str, Any]:
     base = KernelIR.from_file(path)
     passes = select_passes(())
     out: dict[str, Any] = {"kernel": path.stem, "notes": list(untunable_notes(base)), "strategies": {}}
+    known = reference_rows(args.reference).get(path.stem)
     for name in ORDER:
+        if name == "exhaustive" and known is not None:  # the optimum is a property of the space: not recomputed
+            out["strategies"][name] = known
+            print(f"  {path.stem} exhaustive: best {known['best_s']} from {known['from']}", flush=True)
+            continue
         tiers = StandInTiers(chip)
         depth = args.depth if name == "exhaustive" else args.strategy_depth
         cfg = SearchConfig(
@@ -119,6 +138,12 @@ def _ratio(x: Any, ref: Any) -> float | None:
     return None if not x or not ref else float(x) / float(ref)
 
 
+def _complete(ex: dict[str, Any]) -> str:
+    if not ex.get("complete"):
+        return "NO (bound)"
+    return f"yes (from {Path(ex['from']).name})" if ex.get("from") else "yes"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| kernel | exhaustive best (model) | complete | "
@@ -129,7 +154,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         st = r["strategies"]
         ex = st.get("exhaustive", {})
-        cells = [r["kernel"], f"{(ex.get('best_s') or 0) * 1e3:.4f} ms", "yes" if ex.get("complete") else "NO (bound)"]
+        cells = [r["kernel"], f"{(ex.get('best_s') or 0) * 1e3:.4f} ms", _complete(ex)]
         for n in ORDER[1:]:
             s = st.get(n, {})
             q = _ratio(s.get("best_s"), ex.get("best_s"))
@@ -203,6 +228,10 @@ def main() -> None:
     ap.add_argument("--max-candidates", type=int, default=600, help="bound on exhaustive's candidates")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results/search_study")
+    ap.add_argument(
+        "--reference",
+        help="an earlier study's JSON: its complete exhaustive rows are reused (same target, depth and passes)",
+    )
     args = ap.parse_args()
     chip = get_chip(args.target)
     found = {Path(p) for g in args.kernels.split(",") for p in glob.glob(g.strip())}

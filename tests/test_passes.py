@@ -15,6 +15,7 @@ from pallasopt.ir.kernel_ir import KernelIR
 from pallasopt.passes.registry import PASSES, parse_pipeline
 
 V5E = get_chip("v5e")
+V4 = get_chip("v4")
 
 
 def apply(ir: KernelIR, spec: str) -> KernelIR:
@@ -113,6 +114,16 @@ def test_dimension_semantics_adds_compiler_params(example_irs) -> None:
         apply(new, "dimension-semantics{call=0}")
 
 
+def test_dimension_semantics_is_searched_on_two_core_chips_only(example_irs) -> None:
+    from pallasopt.passes.dimension_semantics import DimensionSemanticsPass
+
+    ir = example_irs["matmul"]
+    assert DimensionSemanticsPass.choices(ir, V4) == (DimensionSemanticsPass(call=0),)
+    for target in ("v5e", "v6e", "h200"):  # one TensorCore, or a GPU: nothing for the tiers to see
+        assert DimensionSemanticsPass.choices(ir, get_chip(target)) == ()
+    assert apply(ir, "dimension-semantics{call=0}").calls[0].dimension_semantics  # apply still works on request
+
+
 def test_dimension_semantics_edits_existing_params() -> None:
     src = textwrap.dedent(
         """
@@ -199,7 +210,7 @@ def test_every_choice_on_every_example(path, example_irs) -> None:
     ir = example_irs[path.stem]
     sources, specs = [], []
     for p in PASSES:
-        every = p.choices(ir, V5E)
+        every = p.choices(ir, V5E) or p.choices(ir, V4)  # dimension-semantics is searched on two-core chips only
         for choice in dict.fromkeys((*truncate(every, 12), *every[12::15])):
             try:
                 new = choice.apply(ir)

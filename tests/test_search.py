@@ -393,6 +393,42 @@ def test_a_check_that_cannot_end_in_the_budget_is_not_started_and_the_next_is(ma
     assert FakeTiers.bm(run(matmul_ir, free, depth=1).best.ir) == heavy and heavy in free.checked
 
 
+def test_compiling_stops_while_the_check_of_the_best_compiled_candidate_still_fits(matmul_ir, monkeypatch) -> None:
+    """The time kept for a check is the foreseen check of the fastest candidate compiled so far, not the baseline's:
+    on JAXBench's 1_Square_matrix_multiplication_ the model-best big block compiled first, seven more compiles left
+    12 s, its check (at 4x the baseline's dims) was stopped there and the run kept its baseline."""
+    import pallasopt.search.beam as beam_mod
+    from pallasopt.harness.check_dims import INTERPRET_S_PER_ELEMENT_STEP
+
+    clock = FakeClock()
+    monkeypatch.setattr(beam_mod, "time", clock)
+    winner = FakeTiers.bm(run(matmul_ir, FakeTiers(), depth=1).best.ir)
+
+    class HeavyLead(FakeTiers):
+        def __init__(self) -> None:
+            super().__init__()
+            self.checked: list[int] = []
+
+        def compiler(self, ir: KernelIR) -> TierResult | None:
+            clock.now += 30.0
+            return super().compiler(ir)
+
+        def check_work(self, ir: KernelIR, seeds: tuple[int, ...]) -> int:
+            # the winner's check is foreseen at 10 + 50 s, every other at the baseline's 10 s
+            return 1000 + int(50.0 / INTERPRET_S_PER_ELEMENT_STEP) * (self.bm(ir) == winner)
+
+        def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
+            clock.now += 10.0
+            self.checked.append(self.bm(ir))
+            return super().check(ir, seeds, deadline)
+
+    tiers = HeavyLead()
+    out = run(matmul_ir, tiers, depth=1, budget_seconds=300.0)
+    # baseline 30 + 10 s; the winner compiles first (t=70); compiles go on while 1.25 x 60 s and a compile fit
+    assert winner in tiers.checked and FakeTiers.bm(out.best.ir) == winner and out.best.passed("check")
+    assert tiers.calls["compiler"] < 1 + 8 and clock.now <= 300.0
+
+
 def test_the_baseline_compile_gets_a_share_of_the_budget_and_its_cut_is_said(matmul_ir, monkeypatch) -> None:
     """llm_moe's baseline compile ran 180 s into a 120 s budget. It is now stopped at BASELINE_COMPILE_SHARE of the
     budget; stopped, the compiler does not rank (no verdict on the kernel) and the ranking says why."""

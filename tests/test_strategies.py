@@ -182,7 +182,9 @@ def test_evolve_keeps_its_population_and_lineage_in_the_db(tmp_path) -> None:
     from pallasopt.db.store import KernelDB
 
     kernel = _kernel(tmp_path)
-    cfg = SearchConfig(beam=3, depth=3, jobs=1, strategy="evolve", seed=3)
+    # v5p: two TensorCores, so dimension-semantics is searched too (on v5e the softmax's space of distinct kernels
+    # is used up after two generations)
+    cfg = SearchConfig(beam=3, depth=3, jobs=1, strategy="evolve", seed=3, target="v5p")
     r = optimize(kernel, cfg, db_path=tmp_path / "k.db", evaluator=Fake())
     assert r.correct
     with KernelDB.open(tmp_path / "k.db") as db:
@@ -367,3 +369,29 @@ def test_roofline_points_are_intensity_and_attained_flops() -> None:
     }
     ((ai, flops_s, n),) = roofline_points([node, {"digest": "x", "time_s": None, "model_s": None, "tiers": {}}])
     assert ai == pytest.approx(4e9 / 4e6) and flops_s == pytest.approx(4e9 / 2e-3) and n is node
+
+
+def test_evolve_mutations_favour_the_head_of_a_ranked_list_yet_reach_its_tail() -> None:
+    import random
+
+    from pallasopt.search.evolve import pick
+
+    options = [TilePass(call=0, sizes=(("bm", 8 * (i + 1)),)) for i in range(100)]
+    rng = random.Random(0)
+    ranks = [options.index(pick(options, rng)) for _ in range(2000)]
+    assert sorted(ranks)[len(ranks) // 2] <= 3  # median rank: the model-best head dominates
+    assert max(ranks) >= 80  # the uniform share still explores the whole space
+    assert pick(options[:1], rng) is options[0]
+
+
+def test_evolve_change_moves_one_parameter_when_it_can() -> None:
+    from pallasopt.search.evolve import neighbours
+
+    def t(**sizes: int) -> TilePass:
+        return TilePass(call=0, sizes=tuple(sizes.items()))
+
+    options = [t(bm=512, bn=256), t(bm=512, bn=512), t(bm=256, bn=512), t(bm=256), t(bm=128, bn=128)]
+    got = [o.spec() for o in neighbours(options, "tile{call=0,bm=256,bn=256}")]
+    # one size moved (bn dropped from a spec means it is back at the module's own value: one change too)
+    assert got == ["tile{call=0,bm=512,bn=256}", "tile{call=0,bm=256,bn=512}", "tile{call=0,bm=256}"]
+    assert neighbours(options, "not-a-pass{x=1}") == []

@@ -31,7 +31,10 @@ class DimensionSemanticsPass(Pass):
     megacore chips (v4, v5p) and tell the compiler steps are independent; reductions stay "arbitrary".
 
     Parameter: `call` (which pallas_call). Declines when the semantics are already what the facts imply, or when an
-    axis the user marked "parallel" would be unsafe (it says so rather than changing it silently).
+    axis the user marked "parallel" would be unsafe (it says so rather than changing it silently). A search offers it
+    only for chips with two TensorCores (v4, v5p, v7x): on one TensorCore (v5e, v6e) and on GPUs the semantics
+    change nothing the tiers can see (libtpu's schedule for v5e comes out equal to the parent's), so its children
+    would cost compiles and gain nothing; `apply -p dimension-semantics` still applies it on any target.
     """
 
     name: ClassVar[str] = "dimension-semantics"
@@ -39,6 +42,8 @@ class DimensionSemanticsPass(Pass):
 
     @classmethod
     def choices(cls, ir: KernelIR, chip: Chip) -> tuple[Pass, ...]:
+        if chip.is_gpu or chip.tensorcores_per_chip < 2:
+            return ()
         return tuple(
             cls(call=c.index) for c in ir.calls if (c.dimension_semantics or ()) != infer_semantics(c) and c.grid
         )

@@ -3,9 +3,13 @@
 Each generation makes `beam x PRUNE_FACTOR x 2` offspring from parents picked by tournament (two at random, the
 faster wins): a mutation (change one pass's parameter, insert a pass at a random position, drop one; with `--llm`
 also an LLM rewrite of the member, the `llm-rewrite` pass appended) or a crossover (the head of one parent's recipe,
-the tail of the other's, replayed from the baseline; the child names both parents). The funnel prunes them with the
-model to `2 x beam` compiles, checks in rank order and returns only verified members; the population is the best
-`beam` of old and new (elitism: the best never leaves). Only verified members ever enter the population, so nothing
+the tail of the other's, replayed from the baseline; the child names both parents). Mutations are guided, as
+tinygrad's BEAM and TVM MetaSchedule's evolutionary search guide theirs with a cost model: the pass is drawn among
+those with a choice at that point, the choice favouring the head of the pass's list (passes list their choices
+model-best first where they can rank them, e.g. `tile`), and a change moves one parameter of the pass (a neighbour)
+when it has neighbours; a share of draws stays uniform over the whole list, so every choice can still be reached.
+The funnel prunes them with the model to `2 x beam` compiles, checks in rank order and returns only verified
+members; the population is the best `beam` of old and new (elitism: the best never leaves). Only verified members ever enter the population, so nothing
 unverified can be returned. `depth` generations; generation g draws from its own generator seeded by
 (`SearchConfig.seed`, g). Each generation's population is recorded through the evaluator (the kernel DB's
 `population` table, with CachedEvaluator); a resumed run (`--resume`) reloads the last recorded generation, replays
@@ -22,16 +26,47 @@ from ..config import SearchConfig
 from ..cost_model.hardware import Chip
 from ..ir.kernel_ir import KernelIR
 from ..passes.base import Pass
+from ..passes.registry import parse_pipeline
 from .funnel import PRUNE_FACTOR, Funnel
 from .node import Node, ProgressFn, SearchOutcome
 from .tiers import Evaluator
 
 CROSSOVER_P = 0.3  # share of offspring made by crossover (when the population has two members)
 MAX_TRIES = 10  # proposals tried per wanted offspring before a generation gives up
+UNIFORM_P = 0.25  # share of choice draws uniform over the whole list (exploration); the rest favour its head
+HEAD_P = 0.3  # the head-favouring draw is geometric: rank r with probability HEAD_P x (1 - HEAD_P)^r (mean ~2.3)
 
 
 def _name(spec: str) -> str:
     return spec.split("{", 1)[0]
+
+
+def pick(options: Sequence[Pass], rng: random.Random) -> Pass:
+    """One of `options` (listed best first where the pass can rank them): uniform with probability UNIFORM_P, else
+    geometric over the rank, wrapping past the end (so a short list is not biased to its last element)."""
+    if rng.random() < UNIFORM_P:
+        return options[rng.randrange(len(options))]
+    r = 0
+    while rng.random() > HEAD_P:
+        r += 1
+    return options[r % len(options)]
+
+
+def neighbours(options: Sequence[Pass], current: str) -> list[Pass]:
+    """The options that differ from the spec `current` (same pass) in exactly one parameter, in their order: the
+    local moves a change tries first (empty where none differs in one, e.g. a permutation's other orders)."""
+    try:
+        (base,) = parse_pipeline(current)
+    except Exception:  # a spec that no longer parses has no neighbours
+        return []
+    mine = {k: str(v) for k, v in base.params().items()}
+    out = []
+    for o in options:
+        theirs = {k: str(v) for k, v in o.params().items()}
+        keys = mine.keys() | theirs.keys()
+        if sum(mine.get(k) != theirs.get(k) for k in keys) == 1:
+            out.append(o)
+    return out
 
 
 def mutate(f: Funnel, member: Node, passes: Sequence[type[Pass]], rng: random.Random, llm: bool) -> Node | None:
@@ -53,13 +88,16 @@ def mutate(f: Funnel, member: Node, passes: Sequence[type[Pass]], rng: random.Ra
     if head is None or head.ir is None or head.ir.workload is None:
         return None
     candidates = list(passes) if kind == "insert" else [p for p in passes if p.name == _name(r[i])]
+    candidates = [p for p in candidates if f.choices(head, p)]  # a pass with no choice here cannot mutate it
     if not candidates:
         return None
     p = candidates[rng.randrange(len(candidates))]
     options = [o for o in f.choices(head, p) if kind == "insert" or o.spec() != r[i]]
+    if kind == "change":
+        options = neighbours(options, r[i]) or options
     if not options:
         return None
-    spec = options[rng.randrange(len(options))].spec()
+    spec = pick(options, rng).spec()
     tail = r[i:] if kind == "insert" else r[i + 1 :]
     return f.replay(head, (spec, *tail), (member.digest,))
 

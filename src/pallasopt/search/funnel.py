@@ -69,6 +69,9 @@ class Funnel:
         self._work: dict[str, int | None] = {}  # digest -> check_work (element-steps), asked once per candidate
         self.compile_s = 0.0  # the longest compile waited for so far (wall, as the budget sees it)
         self._compiled: dict[tuple[object, ...], str] = {}  # signature -> digest of a node that compiled with it
+        self._choices: dict[tuple[str, str], tuple[Pass, ...]] = {}  # (state digest, pass name) -> its choices
+        self._lead: Node | None = None  # the fastest candidate compiled in the current `rank` (`check_reserve`)
+        self._reserve_s: float | None = None  # the last `check_reserve` the driver worked out
         self.root = Node(recipe=(), digest=base.digest, parent=None, depth=0, ir=base)
         self.nodes[self.root.digest] = self.root
         self._baseline()
@@ -80,18 +83,35 @@ class Funnel:
 
     @property
     def compile_deadline(self) -> float | None:
-        """When a compile still running is stopped (None: no budget): early enough that a check (1.5 of the
-        baseline's, and a few seconds) of what was ranked still ends inside the budget."""
+        """When a compile started now is stopped (None: no budget): early enough that a check (1.5 of the
+        `check_reserve` that `compile_time_left` last saw, and a few seconds) of what was ranked still ends inside
+        the budget. (Read on the compile's own thread: it takes the reserve the driver worked out.)"""
         b = self.config.budget_seconds
-        return None if b is None else self.start + b - 1.5 * self.check_s - 3.0
+        reserve = self._reserve_s if self._reserve_s is not None else self.check_s
+        return None if b is None else self.start + b - 1.5 * reserve - 3.0
 
     def compile_time_left(self) -> bool:
         """Whether a compile started now still ends with time for a check of what it ranks: the longest compile
-        this search has waited for, plus 1.25 checks, must fit in the budget left. (Reserving only the check let
-        a kernel whose big-block compiles take a minute each spend the whole budget compiling and keep the
-        baseline: fused_04 in the 2026-12-02 bench, 6 compiles of 15-70 s, no candidate checked.)"""
+        this search has waited for, plus 1.25 checks (`check_reserve`), must fit in the budget left. (Reserving only
+        the check let a kernel whose big-block compiles take a minute each spend the whole budget compiling and keep
+        the baseline: fused_04 in the 2026-12-02 bench, 6 compiles of 15-70 s, no candidate checked.)"""
         b = self.config.budget_seconds
-        return b is None or b - (self.clock() - self.start) >= self.compile_s + 1.25 * self.check_s
+        self._reserve_s = self.check_reserve()
+        return b is None or b - (self.clock() - self.start) >= self.compile_s + 1.25 * self._reserve_s
+
+    def check_reserve(self) -> float:
+        """The check to keep time for: that of the fastest candidate compiled so far at this rank (`_lead`, the one
+        checked first), foreseen by `check_seconds`, where it can still end in the budget; else the baseline's.
+        Bigger blocks need bigger check dims: on JAXBench's 1_Square_matrix_multiplication_ (2026-12-03) the
+        model-best (2048, 4096) block compiled first, seven more compiles took the budget down to 12 s, and its check
+        (dims 2048, not 512) was stopped there: the run kept its baseline."""
+        lead = self._lead
+        if lead is None or self.rank_key(lead) >= self.rank_key(self.verified()[0]):  # it would not be checked
+            return self.check_s
+        est = self.check_seconds(lead)
+        b = self.config.budget_seconds
+        fits = b is None or est <= b - (self.clock() - self.start)
+        return max(self.check_s, est) if fits else self.check_s
 
     def budget_left(self) -> bool:
         m = self.config.max_candidates
@@ -166,16 +186,22 @@ class Funnel:
         return children
 
     def choices(self, state: Node, p: type[Pass]) -> tuple[Pass, ...]:
-        """`p`'s whole choice space at `state` (a pass's bug is reported, and gives none)."""
+        """`p`'s whole choice space at `state` (a pass's bug is reported, and gives none); asked once per state and
+        pass (evolve's mutations come back to the same heads)."""
         assert state.ir is not None
+        key = (state.digest, p.name)
+        if key in self._choices:
+            return self._choices[key]
         t0 = self.clock()
         try:
-            return p.choices(state.ir, self.chip)
+            out = p.choices(state.ir, self.chip)
         except Exception as e:  # a pass's bug must not end the search
             self.say("error", {"message": f"{p.name}.choices failed: {type(e).__name__}: {e}"})
-            return ()
+            out = ()
         finally:
             self.ledger.add("passes", self.clock() - t0, 0)
+        self._choices[key] = out
+        return out
 
     def follow(self, state: Node, choice: Pass, parents: tuple[str, ...] = ()) -> Node | None:
         """`choice` applied to `state`: the node it reaches, new or already seen (None: declined or failed)."""
@@ -263,6 +289,7 @@ class Funnel:
             key=lambda n: (n.results["model"].time_s or 0.0, len(n.recipe), n.spec),
         )
         prune = prune if prune is not None else (None if want is None else want * PRUNE_FACTOR)
+        self._lead, self._reserve_s = None, None
         ordered = one_per_signature(alive)
         alive, rest = ordered[:prune], ([] if prune is None else ordered[prune:])
         if self.compile_children:
@@ -308,6 +335,8 @@ class Funnel:
                 passed += int(r.ok)
                 if r.ok:
                     self._compiled.setdefault(signature(c), c.digest)
+                    if self._lead is None or self.rank_key(c) < self.rank_key(self._lead):
+                        self._lead = c
         return passed
 
     def _skip_compile(self, c: Node, bar: float) -> bool:
