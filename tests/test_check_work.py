@@ -104,3 +104,54 @@ def test_check_dims_never_go_under_the_modules_own_even_from_the_defaults() -> N
     assert new.workload is not None
     dims = derive_check_dims(new.workload, new.calls)
     assert dims["D"] == 128 and dims["S"] == 4096 and dims["B"] >= 2 and dims["H"] >= 2, dims
+
+
+# JAXBench's 1_Square_matrix_multiplication_ in gemini3's style: whole-K blocks, (BM, N) x (N, 256) per step.
+FULL_K_MATMUL = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+ENTRY = "mm"
+
+
+def _kernel(a_ref, b_ref, c_ref):
+    c_ref[...] = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+
+def mm(a, b, bm=BM):
+    n = a.shape[0]
+    return pl.pallas_call(
+        _kernel,
+        grid=(n // bm, n // 256),
+        in_specs=[pl.BlockSpec((bm, n), lambda i, j: (i, 0)), pl.BlockSpec((n, 256), lambda i, j: (0, j))],
+        out_specs=pl.BlockSpec((bm, 256), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((n, n), jnp.float32),
+    )(a, b)
+
+
+def reference(a, b):
+    return a @ b
+
+
+def make_inputs(key, N=4096):
+    ka, kb = jax.random.split(key)
+    return jax.random.normal(ka, (N, N), jnp.float32), jax.random.normal(kb, (N, N), jnp.float32)
+
+
+CHECK_DIMS = {"N": 512}
+"""
+
+
+def test_check_work_counts_the_matmul_flops_a_big_block_check_runs() -> None:
+    """A (2048, 4096) block needs the check at N = 4096: 1.4 TFLOP of dots over its five runs, the kernel's and the
+    reference's. Element-steps alone foresaw 9 s for it (the bench's check took 28-31 s and was cut at the budget);
+    the FLOPs put it at ~28 s, and leave a 256-row block's check (N = 512) at a fraction of a second."""
+    from pallasopt.harness.check_dims import INTERPRET_S_PER_FLOP
+
+    def work(bm: int) -> float:
+        return check_work(load_source(FULL_K_MATMUL.replace("BM", str(bm)), "mm.py")) * INTERPRET_S_PER_ELEMENT_STEP
+
+    flops = 5 * 2 * 2 * 4096**3  # five runs, kernel and reference, 2 N^3 each
+    assert work(2048) >= flops * INTERPRET_S_PER_FLOP > 20.0
+    assert work(256) < 1.0

@@ -207,19 +207,28 @@ def derive_wide_dims(workload: Workload, small: Mapping[str, int], base: tuple[C
 # What one (grid step x element) of interpret mode costs on CPU, upper end of the measured range: FACTS.md measures
 # ~0.05 ms per step at 256^2 (3 arrays of 65536: 0.25 ns) and ~2.6 ms per step at 1024^2 (3 x 2^20: 0.85 ns).
 INTERPRET_S_PER_ELEMENT_STEP = 0.85e-9
+# What one matmul FLOP costs on this CPU: XLA's f32 dot measured at 66-84 GFLOP/s on the 2-core machine (2026-12-03,
+# `jax.jit(a @ b)` at 1024^3, 2048x4096x256 and 4096^3, load average 3): 12-15 ps; the upper end. Interpret mode runs
+# each block's dot as such a dot, and the reference does the kernel's math again. Element-steps alone foresaw 9 s for
+# the check of JAXBench 1_Square_matrix_multiplication_'s (2048, 4096) block at N = 4096 (1.4 TFLOP over five runs);
+# it took 28-31 s in the bench; with the FLOP term 30 s is foreseen.
+INTERPRET_S_PER_FLOP = 15e-12
 SMALL_DIM_RUNS = 5  # the oracle's runs at the small dims: three seeds, the determinism rerun, the overflow run
 
 
 def _element_steps(calls: tuple[CallFacts, ...]) -> int:
-    """Interpret mode's work for one run: every grid step touches whole arrays (FACTS.md), so steps x elements."""
-    return sum(c.steps * sum(math.prod(o.shape) for o in c.operands) for c in calls)
+    """Interpret mode's work for one run: every grid step touches whole arrays (FACTS.md), so steps x elements; plus
+    the kernel's matmul FLOPs and the reference's (taken as equal), in element-steps of the same time."""
+    touched = sum(c.steps * sum(math.prod(o.shape) for o in c.operands) for c in calls)
+    flops = 2 * sum(c.flops for c in calls)
+    return touched + round(flops * INTERPRET_S_PER_FLOP / INTERPRET_S_PER_ELEMENT_STEP)
 
 
 def check_work(workload: Workload, base: tuple[CallFacts, ...] | None = None) -> int:
-    """The interpret-mode work (element-steps) of the oracle's check of this workload, at the dims the oracle will
-    derive for it: `SMALL_DIM_RUNS` runs at the small dims and one at the wide dims. Candidates with bigger blocks
-    need bigger check dims (>= 2 grid steps per axis), and this grows with them: a search uses it to foresee which
-    checks cannot finish in the budget it has left."""
+    """The interpret-mode work (element-steps: `_element_steps`, matmul FLOPs counted in them) of the oracle's check
+    of this workload, at the dims the oracle will derive for it: `SMALL_DIM_RUNS` runs at the small dims and one at
+    the wide dims. Candidates with bigger blocks need bigger check dims (>= 2 grid steps per axis), and this grows
+    with them: a search uses it to foresee which checks cannot finish in the budget it has left."""
     base = base if base is not None else trace_calls(workload, dict(workload.dims))
     small = derive_check_dims(workload, base)
     wide = derive_wide_dims(workload, small, base)

@@ -428,7 +428,8 @@ class Funnel:
 
     def check_seconds(self, c: Node) -> float:
         """The foreseen wall time of `c`'s check: the baseline's, plus INTERPRET_S_PER_ELEMENT_STEP per element-step
-        of work beyond the baseline's (an evaluator that cannot tell the work: the baseline's)."""
+        of work beyond the baseline's (`check_work`, matmul FLOPs counted in element-steps; an evaluator that cannot
+        tell the work: the baseline's)."""
         work = self._check_work(c)
         base = self._check_work(self.root)
         if work is None or base is None:
