@@ -155,3 +155,52 @@ def test_check_work_counts_the_matmul_flops_a_big_block_check_runs() -> None:
     flops = 5 * 2 * 2 * 4096**3  # five runs, kernel and reference, 2 N^3 each
     assert work(2048) >= flops * INTERPRET_S_PER_FLOP > 20.0
     assert work(256) < 1.0
+
+
+# A kernel on the weights alone (as imported conv tasks have it): the activations the reference reads grow with B,
+# the kernel's operands never do.
+WEIGHTS_ONLY = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+ENTRY = "layer"
+
+
+def _kernel(w_ref, o_ref):
+    o_ref[...] = w_ref[...] * 2.0
+
+
+def layer(x, w):
+    w2 = pl.pallas_call(
+        _kernel,
+        grid=(2,),
+        in_specs=[pl.BlockSpec((32, 128), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((32, 128), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(w.shape, w.dtype),
+    )(w)
+    return x @ w2
+
+
+def reference(x, w):
+    return x @ (w * 2.0)
+
+
+def make_inputs(key, B=1 << 20):
+    kx, kw = jax.random.split(key)
+    return jax.random.normal(kx, (B, 64), jnp.float32), jax.random.normal(kw, (64, 128), jnp.float32)
+
+
+CHECK_DIMS = {"B": 8}
+"""
+
+
+def test_the_wide_check_dims_do_not_grow_inputs_the_kernel_never_sees() -> None:
+    from pallasopt.harness.check_dims import WIDE_MAX_ELEMS, derive_wide_dims, trace_calls
+
+    w = load_source(WEIGHTS_ONLY, "weights_only.py")
+    base = trace_calls(w, dict(w.dims))
+    small = derive_check_dims(w, base)
+    wide = derive_wide_dims(w, small, base)
+    assert small == {"B": 8}
+    assert 8 <= wide["B"] < 1 << 20 and wide["B"] * 64 <= WIDE_MAX_ELEMS, wide

@@ -178,9 +178,12 @@ WIDE_MAX_ELEMS = MAX_CHECK_ELEMS // 4  # largest operand of the wider dim set (e
 
 def derive_wide_dims(workload: Workload, small: Mapping[str, int], base: tuple[CallFacts, ...]) -> dict[str, int]:
     """A second, larger dim set for the check: the small dims doubled (round-robin, capped at the defaults) while the
-    kernel traces, its outputs stay covered, no operand exceeds WIDE_MAX_ELEMS and the grids stay under
+    kernel traces, its outputs stay covered, no operand and no input exceeds WIDE_MAX_ELEMS and the grids stay under
     WIDE_MAX_STEPS steps in total. More grid steps per axis than the small set, so a body right only for the first
-    few program ids, or a loop bound fitted to the small size, shows up. Equal to `small` when nothing can grow."""
+    few program ids, or a loop bound fitted to the small size, shows up. Equal to `small` when nothing can grow.
+    Inputs count too: JAXBench's 57_conv_transposed_2D runs its kernel on the weights alone, which never grow, so
+    the wide set went to the full 8 x 64 x 1024 x 1024 activations and the reference's transposed convolution there
+    died of std::bad_alloc in the check child (2026-12-03: the input kernel "failed its own check")."""
     dims = dict(small)
     grown = True
     while grown:
@@ -197,6 +200,7 @@ def derive_wide_dims(workload: Workload, small: Mapping[str, int], base: tuple[C
             if (
                 _acceptable(calls, base)
                 and _largest(calls) <= WIDE_MAX_ELEMS
+                and _largest_input(workload, trial) <= WIDE_MAX_ELEMS
                 and sum(c.steps for c in calls) <= WIDE_MAX_STEPS
             ):
                 dims = trial
