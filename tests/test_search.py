@@ -429,6 +429,29 @@ def test_compiling_stops_while_the_check_of_the_best_compiled_candidate_still_fi
     assert tiers.calls["compiler"] < 1 + 8 and clock.now <= 300.0
 
 
+def test_a_baseline_over_the_models_vmem_limit_and_no_passing_candidate_end_without_a_crash(matmul_ir) -> None:
+    """JAXBench's 12_Gemm_Multiply_LeakyReLU: its baseline is over the model's VMEM limit, so it has no time at the
+    ranking tier and nothing is verified until a candidate passes; the search crashed (IndexError) asking for the
+    best verified state while it compiled. It must run on, and keep the baseline when no candidate passes."""
+    root_bm = FakeTiers.bm(matmul_ir)
+
+    class OverLimit(FakeTiers):
+        def unavailable(self, tier: str) -> str | None:  # the real tiers say which they have
+            return "no accelerator" if tier == "hardware" else None
+
+        def model(self, ir: KernelIR) -> TierResult:
+            r = super().model(ir)
+            if self.bm(ir) != root_bm:
+                return r
+            return TierResult("model", False, r.time_s, "call 0: VMEM footprint exceeds the scoped limit")
+
+    every_other = frozenset({8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096} - {root_bm})
+    tiers = OverLimit(bad_bm=every_other)
+    out = run(matmul_ir, tiers, budget_seconds=1000.0, jobs=2)
+    assert tiers.calls["compiler"] >= 2 and tiers.calls["check"] >= 2
+    assert out.best is out.baseline and not any(n.passed("check") for n in out.nodes.values() if n.recipe)
+
+
 def test_the_baseline_compile_gets_a_share_of_the_budget_and_its_cut_is_said(matmul_ir, monkeypatch) -> None:
     """llm_moe's baseline compile ran 180 s into a 120 s budget. It is now stopped at BASELINE_COMPILE_SHARE of the
     budget; stopped, the compiler does not rank (no verdict on the kernel) and the ranking says why."""

@@ -76,7 +76,9 @@ def beam_search(
         kept = verified if f.score_tier == "hardware" else [c for c in ranked if not c.failed("check")]
         beam = sorted({n.digest: n for n in beam + kept}.values(), key=f.rank_key)[: config.beam]
         _unchecked(f, beam)
-        best = f.verified()[0]  # the beam's first may be unchecked
+        # the beam's first may be unchecked; none is verified yet where the baseline has no time at the ranking tier
+        # (over the model's VMEM limit) and no candidate passed
+        best = next(iter(f.verified()), f.root)
         new_best = f.key(best)
         f.say("depth", {"depth": depth, "best": best, "time_s": new_best, "tier": f.score_tier})
         if f.cut:
