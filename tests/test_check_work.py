@@ -204,3 +204,49 @@ def test_the_wide_check_dims_do_not_grow_inputs_the_kernel_never_sees() -> None:
     wide = derive_wide_dims(w, small, base)
     assert small == {"B": 8}
     assert 8 <= wide["B"] < 1 << 20 and wide["B"] * 64 <= WIDE_MAX_ELEMS, wide
+
+
+# `scale` sizes nothing: an operation setting that make_inputs reads (as KernelBench's module-level ints are).
+SCALED = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+ENTRY = "scaled"
+
+
+def _kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0
+
+
+def scaled(x, s):
+    y = pl.pallas_call(
+        _kernel,
+        grid=(x.shape[0] // 8,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x)
+    return y * s
+
+
+def reference(x, s):
+    return x * 2.0 * s
+
+
+def make_inputs(key, M=64, scale=2):
+    return jax.random.normal(key, (M, 128), jnp.float32), jnp.full((1, 128), scale, jnp.float32)
+
+
+CHECK_DIMS = {"M": 16, "scale": 1}
+"""
+
+
+def test_the_wide_check_dims_never_change_a_dim_that_sizes_nothing() -> None:
+    from pallasopt.harness.check_dims import derive_wide_dims, trace_calls
+
+    w = load_source(SCALED, "scaled.py")
+    base = trace_calls(w, dict(w.dims))
+    small = derive_check_dims(w, base)
+    wide = derive_wide_dims(w, small, base)
+    assert small == {"M": 16, "scale": 1} and wide["M"] > 16 and wide["scale"] == 1, wide

@@ -242,3 +242,19 @@ def test_an_imported_task_runs_and_its_output_works_at_another_size(tmp_path: Pa
     r = pallasopt("run", str(mod), "--no-compile", "--beam", "1", "--depth", "1", "--db", str(tmp_path / "k.db"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "(original path): ok" in r.stdout and (tmp_path / "gemm.opt.py").is_file()
+
+
+def test_check_dims_keep_a_dim_that_sizes_nothing_at_its_default() -> None:
+    """KernelBench's module-level `scale` (16_ConvTranspose2d_Mish_Add_Hardtanh_Scaling) changes no input's shape:
+    the derivation halved it to 1, which saves nothing, computes something else, and an imported task tells the dims
+    that built its inputs apart only by their shapes."""
+    from pallasopt.adapters.check_dims import import_check_dims
+
+    source = ODD_MULTIPLE.replace(
+        "def make_inputs(key, M=512, N=7 * 256):", "def make_inputs(key, M=8192, N=512, scale=2):"
+    )
+    source = source.replace(
+        "return (jax.random.normal(key, (M, N)),)", "return (scale * jax.random.normal(key, (M, N)),)"
+    )
+    dims = import_check_dims(source, "scaled.py")
+    assert dims is not None and dims["M"] < 8192 and dims["scale"] == 2, dims

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 
 from ..errors import KernelError, short
-from ..harness.check_dims import derive_check_dims
+from ..harness.check_dims import derive_check_dims, input_shapes
 from ..ir.trace import arg_structs, trace_calls
 from ..workload import Workload, load_source
 
@@ -46,7 +46,8 @@ def import_check_dims(text: str, path: str) -> dict[str, int] | None:
     workload = load_source(text, path)
     at_default = lowers_for_tpu(workload, workload.dims)
     derived = derive_check_dims(workload)
-    dims = _floored(workload, {k: workload.dims[k] if HYPERPARAMETER.search(k) else v for k, v in derived.items()})
+    settings = _settings(workload)
+    dims = _floored(workload, {k: workload.dims[k] if k in settings else v for k, v in derived.items()})
     if at_default:
         # The kernel does not lower for TPU even at its own size (e.g. an unsupported op): the check runs in
         # interpret mode all the same; only the interpreter's constraints apply to the derived dims.
@@ -57,6 +58,21 @@ def import_check_dims(text: str, path: str) -> dict[str, int] | None:
             raise KernelError(f"no check dims lower for TPU: {lowers_for_tpu(workload, dims)}", path=path)
         dims = grown
     return _changed(_shrunk(workload, dims, floor=True), workload.dims)
+
+
+def _settings(workload: Workload) -> set[str]:
+    """Dims the check keeps at their defaults: the names of operation settings (HYPERPARAMETER), and any dim that
+    changes no input's shape (KernelBench's `scale`, `add_value`-like ints): shrinking those saves nothing and
+    changes what is computed, and an imported task cannot tell two such dims apart by the inputs' shapes."""
+    base = input_shapes(workload, workload.dims)
+    out = {k for k in workload.dims if HYPERPARAMETER.search(k)}
+    for k, v in workload.dims.items():
+        try:
+            if input_shapes(workload, {**workload.dims, k: max(1, v // 2)}) == base:
+                out.add(k)
+        except Exception:
+            continue  # a size that only works at its default drives something
+    return out
 
 
 def _accepted(workload: Workload, dims: dict[str, int]) -> bool:

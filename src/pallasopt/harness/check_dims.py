@@ -76,6 +76,11 @@ def _largest(calls: tuple[CallFacts, ...]) -> int:
     return max((math.prod(o.shape) for c in calls for o in c.operands), default=0)
 
 
+def input_shapes(workload: Workload, dims: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
+    """The shapes of the inputs `make_inputs` builds at `dims` (nothing allocated)."""
+    return tuple(tuple(getattr(a, "shape", ())) for a in arg_structs(workload, dict(dims)))
+
+
 def _largest_input(workload: Workload, dims: Mapping[str, int]) -> int:
     structs = arg_structs(workload, dict(dims))
     return max((math.prod(getattr(a, "shape", ())) for a in structs), default=0)
@@ -183,7 +188,10 @@ def derive_wide_dims(workload: Workload, small: Mapping[str, int], base: tuple[C
     few program ids, or a loop bound fitted to the small size, shows up. Equal to `small` when nothing can grow.
     Inputs count too: JAXBench's 57_conv_transposed_2D runs its kernel on the weights alone, which never grow, so
     the wide set went to the full 8 x 64 x 1024 x 1024 activations and the reference's transposed convolution there
-    died of std::bad_alloc in the check child (2026-12-03: the input kernel "failed its own check")."""
+    died of std::bad_alloc in the check child (2026-12-03: the input kernel "failed its own check"). A dim that
+    changes no input's shape is a setting, not a size, and is never grown: JAXBench's 16_ConvTranspose2d's `scale`
+    went from the check's 1 to 2 there, and an imported task remembers the dims that built inputs of a shape, so
+    the determinism rerun on the first inputs ran at scale 2 and "changed every element"."""
     dims = dict(small)
     grown = True
     while grown:
@@ -194,6 +202,8 @@ def derive_wide_dims(workload: Workload, small: Mapping[str, int], base: tuple[C
                 continue
             trial = {**dims, name: min(2 * value, top)}
             try:
+                if input_shapes(workload, trial) == input_shapes(workload, dims):
+                    continue  # a setting, not a size (`scale`): it widens nothing and changes what is computed
                 calls = trace_calls(workload, trial)
             except Exception:
                 continue
