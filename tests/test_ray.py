@@ -159,6 +159,15 @@ def test_killed_worker_is_retried_or_recorded_failed(cluster, tmp_path) -> None:
             assert got["lost"] and "died (1 attempts)" in got["message"]  # recorded as failed, not lost
 
 
+def _finished(db: Path) -> int:
+    """Evaluations past the model tier in `db` so far: 0 until the driver has created it and its tables (a loaded
+    machine let this poll land between the file's creation and the schema's: "no such table")."""
+    try:
+        return len([k for k in _evaluations(db) if k[1] != "model"]) if db.exists() else 0
+    except sqlite3.OperationalError:
+        return 0
+
+
 def test_driver_killed_mid_run_loses_no_finished_evaluation(cluster, tmp_path, monkeypatch) -> None:
     ex, address, log = cluster
     kernel, db = _kernel(tmp_path), tmp_path / "k.db"
@@ -170,7 +179,7 @@ def test_driver_killed_mid_run_loses_no_finished_evaluation(cluster, tmp_path, m
         deadline = time.time() + 90
         while time.time() < deadline and driver.poll() is None:
             time.sleep(0.2)
-            if db.exists() and len([k for k in _evaluations(db) if k[1] != "model"]) >= 3:
+            if _finished(db) >= 3:
                 break
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
