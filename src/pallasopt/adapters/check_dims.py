@@ -119,8 +119,7 @@ def _shrunk(workload: Workload, dims: dict[str, int], *, floor: bool) -> dict[st
 
 def _shapes(workload: Workload, dims: Mapping[str, int]) -> list[tuple[int, ...]]:
     """Shapes of the entry's inputs and of every pallas_call operand at `dims`."""
-    inputs = [tuple(getattr(a, "shape", ())) for a in arg_structs(workload, dict(dims))]
-    return inputs + [tuple(o.shape) for c in trace_calls(workload, dims) for o in c.operands]
+    return [*input_shapes(workload, dims), *(tuple(o.shape) for c in trace_calls(workload, dims) for o in c.operands)]
 
 
 def _lanes(shapes: list[tuple[int, ...]]) -> list[int]:

@@ -82,8 +82,7 @@ def input_shapes(workload: Workload, dims: Mapping[str, int]) -> tuple[tuple[int
 
 
 def _largest_input(workload: Workload, dims: Mapping[str, int]) -> int:
-    structs = arg_structs(workload, dict(dims))
-    return max((math.prod(getattr(a, "shape", ())) for a in structs), default=0)
+    return max((math.prod(s) for s in input_shapes(workload, dims)), default=0)
 
 
 def smaller_values(value: int) -> tuple[int, ...]:
@@ -193,6 +192,7 @@ def derive_wide_dims(workload: Workload, small: Mapping[str, int], base: tuple[C
     went from the check's 1 to 2 there, and an imported task remembers the dims that built inputs of a shape, so
     the determinism rerun on the first inputs ran at scale 2 and "changed every element"."""
     dims = dict(small)
+    shapes = input_shapes(workload, dims)
     grown = True
     while grown:
         grown = False
@@ -202,7 +202,8 @@ def derive_wide_dims(workload: Workload, small: Mapping[str, int], base: tuple[C
                 continue
             trial = {**dims, name: min(2 * value, top)}
             try:
-                if input_shapes(workload, trial) == input_shapes(workload, dims):
+                trial_shapes = input_shapes(workload, trial)
+                if trial_shapes == shapes:
                     continue  # a setting, not a size (`scale`): it widens nothing and changes what is computed
                 calls = trace_calls(workload, trial)
             except Exception:
@@ -210,10 +211,10 @@ def derive_wide_dims(workload: Workload, small: Mapping[str, int], base: tuple[C
             if (
                 _acceptable(calls, base)
                 and _largest(calls) <= WIDE_MAX_ELEMS
-                and _largest_input(workload, trial) <= WIDE_MAX_ELEMS
+                and max((math.prod(s) for s in trial_shapes), default=0) <= WIDE_MAX_ELEMS
                 and sum(c.steps for c in calls) <= WIDE_MAX_STEPS
             ):
-                dims = trial
+                dims, shapes = trial, trial_shapes
                 grown = True
     return dims
 

@@ -40,7 +40,8 @@ def evaluate_baseline(
 ) -> tuple[int, float]:
     """Model, compiler, check and hardware verdicts on the baseline; the number of evaluations and the check's
     seconds; with `jobs` >= 2 the compile and the check run at once. `compile_deadline` (a search with a budget): the
-    baseline's compile is stopped there; stopped, it is a `budget_cut` result (no verdict on the kernel), so the ranking goes to the next tier and says why.
+    baseline's compile is stopped there; stopped, it is a `budget_cut` result (no verdict on the kernel), so the
+    ranking goes to the next tier and says why.
 
     A baseline the model finds over the VMEM limit (or with an illegal block shape) is not compiled or timed: the
     compiler can take minutes to reject huge blocks (FACTS.md), and its verdict is already known. One the model

@@ -9,11 +9,11 @@ those with a choice at that point, the choice favouring the head of the pass's l
 model-best first where they can rank them, e.g. `tile`), and a change moves one parameter of the pass (a neighbour)
 when it has neighbours; a share of draws stays uniform over the whole list, so every choice can still be reached.
 The funnel prunes them with the model to `2 x beam` compiles, checks in rank order and returns only verified
-members; the population is the best `beam` of old and new (elitism: the best never leaves). Only verified members ever enter the population, so nothing
-unverified can be returned. `depth` generations; generation g draws from its own generator seeded by
-(`SearchConfig.seed`, g). Each generation's population is recorded through the evaluator (the kernel DB's
-`population` table, with CachedEvaluator); a resumed run (`--resume`) reloads the last recorded generation, replays
-its members' recipes (their verdicts come from the DB) and goes on with the next generation.
+members; the population is the best `beam` of old and new (elitism: the best never leaves). Only verified members
+ever enter the population, so nothing unverified can be returned. `depth` generations; generation g draws from its
+own generator seeded by (`SearchConfig.seed`, g). Each generation's population is recorded through the evaluator
+(the kernel DB's `population` table, with CachedEvaluator); a resumed run (`--resume`) reloads the last recorded
+generation, replays its members' recipes (their verdicts come from the DB) and goes on with the next generation.
 """
 
 from __future__ import annotations

@@ -105,8 +105,11 @@ class Funnel:
         Bigger blocks need bigger check dims: on JAXBench's 1_Square_matrix_multiplication_ (2026-12-03) the
         model-best (2048, 4096) block compiled first, seven more compiles took the budget down to 12 s, and its check
         (dims 2048, not 512) was stopped there: the run kept its baseline."""
-        lead, verified = self._lead, self.verified()  # none yet where the baseline has no time at the ranking tier
-        if lead is None or (verified and self.rank_key(lead) >= self.rank_key(verified[0])):  # it would not be checked
+        lead = self._lead
+        if lead is None:
+            return self.check_s
+        verified = self.verified()  # none yet where the baseline has no time at the ranking tier
+        if verified and self.rank_key(lead) >= self.rank_key(verified[0]):  # it would not be checked
             return self.check_s
         est = self.check_seconds(lead)
         b = self.config.budget_seconds
