@@ -16,6 +16,7 @@ from pallasopt.optimize import optimize
 from pallasopt.passes.base import Pass
 from pallasopt.passes.tile import TilePass
 from pallasopt.search.beam import BaselineIncorrect, beam_search
+from pallasopt.search.funnel import UNVERIFIABLE
 from pallasopt.search.tiers import TierResult, model_tier
 
 V5E = get_chip("v5e")
@@ -385,9 +386,11 @@ def test_a_check_that_cannot_end_in_the_budget_is_not_started_and_the_next_is(ma
     out = run(matmul_ir, tiers, depth=1, budget_seconds=300.0)
     assert heavy not in tiers.checked and out.best is not out.baseline and out.best.passed("check")
     assert FakeTiers.bm(out.best.ir) != heavy
-    passed_over = [n for n in out.nodes.values() if n.ir is not None and n.skipped.startswith("check not started")]
+    # a check that cannot end in the whole budget left is not worth a compile either (it was, until 2026-12-03)
+    passed_over = [n for n in out.nodes.values() if n.ir is not None and "foreseen at" in n.skipped]
     assert passed_over and all(FakeTiers.bm(n.ir) == heavy for n in passed_over)
-    assert "foreseen at 1010 s" in passed_over[0].skipped
+    assert "foreseen at 1010 s" in passed_over[0].skipped and passed_over[0].skipped.startswith(UNVERIFIABLE)
+    assert "compiler" not in passed_over[0].results
     clock.now = 0.0
     free = WorkTiers(heavy)
     assert FakeTiers.bm(run(matmul_ir, free, depth=1).best.ir) == heavy and heavy in free.checked
@@ -427,6 +430,46 @@ def test_compiling_stops_while_the_check_of_the_best_compiled_candidate_still_fi
     # baseline 30 + 10 s; the winner compiles first (t=70); compiles go on while 1.25 x 60 s and a compile fit
     assert winner in tiers.checked and FakeTiers.bm(out.best.ir) == winner and out.best.passed("check")
     assert tiers.calls["compiler"] < 1 + 8 and clock.now <= 300.0
+
+
+def test_candidates_whose_check_cannot_end_in_the_budget_are_not_compiled(matmul_ir, monkeypatch) -> None:
+    """llm_swiglu_mlp (2026-12-02 bench): its eight model-best tiles each needed a ~120 s check in a 120 s budget;
+    they took the compiles, none was checked, and the run kept its baseline. Candidates whose check cannot end in
+    the budget left are not compiled; those that can be verified are, and one of them is the result."""
+    import pallasopt.search.beam as beam_mod
+    from pallasopt.harness.check_dims import INTERPRET_S_PER_ELEMENT_STEP
+
+    clock = FakeClock()
+    monkeypatch.setattr(beam_mod, "time", clock)
+    root_bm = FakeTiers.bm(matmul_ir)
+
+    class HeavyBigBlocks(FakeTiers):
+        def __init__(self) -> None:
+            super().__init__()
+            self.compiled: list[int] = []
+            self.checked: list[int] = []
+
+        def compiler(self, ir: KernelIR) -> TierResult | None:
+            clock.now += 10.0
+            self.compiled.append(self.bm(ir))
+            return super().compiler(ir)
+
+        def check_work(self, ir: KernelIR, seeds: tuple[int, ...]) -> int:
+            # blocks over the baseline's are foreseen at 10 + 500 s, longer than the whole budget
+            return 1000 + int(500.0 / INTERPRET_S_PER_ELEMENT_STEP) * (self.bm(ir) > root_bm)
+
+        def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
+            clock.now += 10.0
+            self.checked.append(self.bm(ir))
+            return super().check(ir, seeds, deadline)
+
+    tiers = HeavyBigBlocks()
+    out = run(matmul_ir, tiers, depth=1, budget_seconds=300.0)
+    # the 12 model-best tiles all have bigger blocks: none compiled; the next choices (bm <= 128) were
+    assert tiers.compiled[0] == root_bm and len(tiers.compiled) > 1 and all(bm <= root_bm for bm in tiers.compiled)
+    assert out.best is not out.baseline and out.best.passed("check") and FakeTiers.bm(out.best.ir) <= root_bm
+    big = [n for n in out.nodes.values() if n.ir is not None and FakeTiers.bm(n.ir) > root_bm]
+    assert len(big) >= 12 and all(n.skipped.startswith(UNVERIFIABLE) and "foreseen at 510 s" in n.skipped for n in big)
 
 
 def test_a_baseline_over_the_models_vmem_limit_and_no_passing_candidate_end_without_a_crash(matmul_ir) -> None:

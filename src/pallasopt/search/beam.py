@@ -32,6 +32,10 @@ from .tiers import Evaluator
 # How many choices of a pass beam search keeps per `pallas_call`, model-best first (the passes' own truncation until
 # issue 16: tile kept 12, grid-order 3; the other passes offer a handful). Keeps beam's results as they were.
 BEAM_CHOICES = {"tile": 12, "grid-order": 3}
+# How many such batches of choices a depth may look through when the model-best ones cannot be verified in the budget
+# (their checks need check dims too big: `Funnel.unverifiable`); llm_swiglu_mlp's first 12 tiles of each call were all
+# too big to check in 120 s (2026-12-02 bench).
+CHOICE_WINDOWS = 3
 
 __all__ = [
     "BEAM_CHOICES",
@@ -71,7 +75,14 @@ def beam_search(
             break
         worst_kept = max(f.key(n) for n in beam) if len(beam) >= config.beam else float("inf")
         last = depth == config.depth
-        ranked = f.rank(children, config.beam, min(worst_kept, best_time) if last else worst_kept)
+        bar = min(worst_kept, best_time) if last else worst_kept
+        ranked = f.rank(children, config.beam, bar)
+        window = 1
+        while f.unverifiable(children) and window < CHOICE_WINDOWS and f.budget_left():
+            # the model-best choices were too big to check in the budget: the passes' next choices, same size of batch
+            children = [c for state in beam for c in f.expand(state, passes, BEAM_CHOICES, window)]
+            ranked = sorted(ranked + f.rank(children, config.beam, bar), key=f.rank_key)
+            window += 1
         verified = _checked(f, ranked, config.beam, worst_kept, best_time)
         kept = verified if f.score_tier == "hardware" else [c for c in ranked if not c.failed("check")]
         beam = sorted({n.digest: n for n in beam + kept}.values(), key=f.rank_key)[: config.beam]

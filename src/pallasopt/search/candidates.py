@@ -15,17 +15,19 @@ from .spend import Ledger
 from .tiers import Evaluator, deadline_kw
 
 
-def truncate(options: Sequence[Pass], per_call: int | None) -> tuple[Pass, ...]:
-    """The first `per_call` options for each `pallas_call` (by the pass's `call` field), order kept."""
+def truncate(options: Sequence[Pass], per_call: int | None, window: int = 0) -> tuple[Pass, ...]:
+    """The first `per_call` options for each `pallas_call` (by the pass's `call` field), order kept; `window` n > 0:
+    the n-th next `per_call` of each call instead (none without a `per_call`: the first window held them all)."""
     if per_call is None:
-        return tuple(options)
+        return tuple(options) if window == 0 else ()
+    lo, hi = window * per_call, (window + 1) * per_call
     seen: dict[object, int] = {}
     out = []
     for o in options:
         k = getattr(o, "call", None)
-        if seen.get(k, 0) < per_call:
-            seen[k] = seen.get(k, 0) + 1
+        if lo <= seen.get(k, 0) < hi:
             out.append(o)
+        seen[k] = seen.get(k, 0) + 1
     return tuple(out)
 
 

@@ -35,6 +35,9 @@ RECHECK_OFFSET = 7777  # the below-floor re-check runs on the search seeds shift
 BASELINE_COMPILE_SHARE = 0.35
 
 
+UNVERIFIABLE = "compile skipped: unverifiable in the budget"
+
+
 class Funnel:
     """One search's shared state: the nodes seen, the ledger, the clock and budget, and the ranking tier."""
 
@@ -170,17 +173,18 @@ class Funnel:
 
     # -- proposing (the strategy asks) ------------------------------------------------------------------------------
     def expand(
-        self, state: Node, passes: Sequence[type[Pass]], per_call: Mapping[str, int] | None = None
+        self, state: Node, passes: Sequence[type[Pass]], per_call: Mapping[str, int] | None = None, window: int = 0
     ) -> list[Node]:
         """Every new child of `state`: each choice of each pass, applied (duplicates by digest dropped).
         `per_call`: pass name -> how many of its choices (in the pass's own order, model-best first) to keep for
-        each `pallas_call` (the strategy's truncation; passes return their whole space)."""
+        each `pallas_call` (the strategy's truncation; passes return their whole space); `window` n > 0: the n-th
+        next that many instead (only the truncated passes have more)."""
         assert state.ir is not None
         children: list[Node] = []
         if state.ir.workload is None:
             return children  # LLM-written code is only ever run in child processes: it is a leaf of the search
         for p in passes:
-            for choice in truncate(self.choices(state, p), (per_call or {}).get(p.name)):
+            for choice in truncate(self.choices(state, p), (per_call or {}).get(p.name), window):
                 if not self.budget_left():
                     break
                 child = self.child(state, choice)
@@ -343,8 +347,11 @@ class Funnel:
         return passed
 
     def _skip_compile(self, c: Node, bar: float) -> bool:
-        """Whether `c`'s compile cannot change the result: the compiler ranks, and its answer would be >= `bar`
-        (the compiler tier's time is max(static estimate, floor), so floor >= bar decides it without compiling)."""
+        """Whether `c`'s compile cannot change the result: its check cannot finish in the budget left even if it
+        started now (`_check_too_long`), or the compiler ranks and its answer would be >= `bar` (the compiler
+        tier's time is max(static estimate, floor), so floor >= bar decides it without compiling)."""
+        if self._check_too_long(c):
+            return True
         floor_of = getattr(self.evaluator, "compile_floor", None)
         if self.score_tier != "compiler" or bar == float("inf") or not callable(floor_of):
             return False
@@ -353,6 +360,29 @@ class Funnel:
             return False
         self.skip(c, "compiler", f"compile skipped: its HBM floor {floor * 1e3:.4g} ms is not under {bar * 1e3:.4g} ms")
         return True
+
+    def _check_too_long(self, c: Node) -> bool:
+        """Whether `c` cannot be verified in this search: its compile (the longest one so far) and its check, foreseen
+        (`check_seconds`), take longer than the whole budget left now. Such a candidate cannot enter the result, so its
+        compile is not spent. llm_swiglu_mlp's model-best down-projection tiles (512-1024 wide) need check dims at
+        which its unchanged 128-tile gate/up call runs 2048 interpret steps over whole arrays (~120 s foreseen); the
+        2026-12-02 bench compiled eight of them in its 120 s budget, checked none and kept the baseline (0.08x of
+        XLA) while smaller tiles that could be checked were never compiled."""
+        deadline = self.until.get("deadline")
+        if deadline is None or c is self.root:
+            return False
+        est, left = self.check_seconds(c), deadline - self.clock()
+        if est + self.compile_s <= left:
+            return False
+        why = f"its check (foreseen at {est:.0f} s) after a compile cannot end in the {max(left, 0.0):.0f} s left"
+        self.skip(c, "compiler", f"{UNVERIFIABLE}: {why}")
+        return True
+
+    @staticmethod
+    def unverifiable(nodes: Iterable[Node]) -> bool:
+        """Whether any of `nodes` was left uncompiled because its check could not end in the budget
+        (`_check_too_long`): a strategy may then look further down the passes' choices for ones that can."""
+        return any(n.skipped.startswith(UNVERIFIABLE) for n in nodes)
 
     def skip(self, c: Node, tier: str, why: str) -> None:
         """Record that `tier` was not run on `c` because it could not change the result."""
