@@ -118,6 +118,22 @@ def test_loop_trips_counts_nested_scans() -> None:
     assert loop_trips(jax.make_jaxpr(g)(jnp.ones(2)).jaxpr) == (1, True)
 
 
+def test_the_xla_reference_is_never_faster_than_its_flops_at_the_matmul_peak() -> None:
+    """fused_21_causal_conv1d_silu (v5e): libtpu's profile of XLA's convolution gave 0.215 ms (its HBM floor) for
+    137 GFLOP, which take >= 0.70 ms at v5e's 197 TFLOP/s; the kernel was reported at 0.27x of XLA."""
+    import jax.numpy as jnp
+
+    from pallasopt.bench.estimate import reference_floor
+
+    flops, nbytes = 2 * 16 * 1024 * 1024 * 1024 * 4, 2 * (16 * 1027 * 1024 + 4 * 1024 * 1024 + 16 * 1024 * 1024)
+    t, why = reference_floor(V5E, flops, nbytes, (jnp.bfloat16, jnp.bfloat16))
+    assert t == pytest.approx(flops / V5E.device_peak_bf16_flops) and t > 6.9e-4 and why.startswith("MXU floor")
+    t8, _ = reference_floor(V5E, flops, nbytes, (jnp.int8,))  # 8-bit inputs: the faster int8 rate bounds it
+    assert t8 < t
+    t, why = reference_floor(V5E, 1e6, 1e9)  # a copy: its bytes bound it
+    assert t == pytest.approx(1e9 / V5E.device_hbm_bw_bytes_s) and why.startswith("HBM floor")
+
+
 class FakeTiers:
     """Compiler time = model time x 1.25; every check passes; no accelerator."""
 

@@ -75,6 +75,73 @@ def test_tile_literals_rewrites_blockspecs_and_grid_together() -> None:
     assert ("+", "out_specs=pl.BlockSpec((256, 256), lambda i, j, k: (i, j)),") in got
 
 
+SQUARE_TILE_HELPER = textwrap.dedent(
+    '''
+    """Batched a @ b.T whose square tile is written once, in a helper every spec calls, and in the grid's divisors."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    CHECK_DIMS = {"c": 2, "n": 256}
+
+
+    def _spec(index_map):
+        return pl.BlockSpec((None, 64, 64), index_map)
+
+
+    def _kernel(a_ref, b_ref, o_ref):
+        @pl.when(pl.program_id(3) == 0)
+        def _zero():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        o_ref[...] += jax.lax.dot_general(
+            a_ref[...], b_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+
+    def batched_abt(a, b):
+        C, N, _ = a.shape
+        return pl.pallas_call(
+            _kernel,
+            grid=(C, N // 64, N // 64, N // 64),
+            in_specs=[_spec(lambda c, i, j, k: (c, i, k)), _spec(lambda c, i, j, k: (c, j, k))],
+            out_specs=_spec(lambda c, i, j, k: (c, i, j)),
+            out_shape=jax.ShapeDtypeStruct((C, N, N), jnp.float32),
+        )(a, b)
+
+
+    def reference(a, b):
+        return jnp.einsum("cik,cjk->cij", a, b, preferred_element_type=jnp.float32)
+
+
+    def make_inputs(key, c=4, n=768):
+        ka, kb = jax.random.split(key)
+        return jax.random.normal(ka, (c, n, n), jnp.float32), jax.random.normal(kb, (c, n, n), jnp.float32)
+    '''
+)
+
+
+def test_tile_a_square_block_written_in_a_helper_and_the_grid_divisors(tmp_path) -> None:
+    """llm_triangle_multiplication's style: `pl.BlockSpec((None, 128, 128), im)` in a helper every spec calls and
+    `grid=(C, N // 128, N // 128, N // 128)`. No literal moves alone (one block literal mismatches the body's dot, a
+    divisor moves only the grid) and no spec holds a literal tuple: tile offered no choice and the kernel stayed at
+    1.00x. The literals are one square tile over the three axes; every choice re-traces and passes the oracle."""
+    from pallasopt.passes.tile import TilePass
+
+    path = tmp_path / "batched_abt.py"
+    path.write_text(SQUARE_TILE_HELPER)
+    ir = KernelIR.from_file(path)
+    choices = TilePass.choices(ir, V5E)
+    assert {c.spec() for c in choices} >= {"tile{call=0,axis1=128}", "tile{call=0,axis1=256}"}
+    new = apply(ir, "tile{call=0,axis1=256}")
+    got = changed_lines(ir.source, new.source)
+    assert ("+", "return pl.BlockSpec((None, 256, 256), index_map)") in got
+    assert ("+", "grid=(C, N // 256, N // 256, N // 256),") in got
+    assert new.calls[0].grid == (4, 3, 3, 3)
+    results = check_many([c.apply(ir).source for c in choices], str(path), seeds=(0, 1))
+    assert all(r.ok for r in results), [r.message for r in results if not r.ok]
+
+
 def test_tile_partial_keyword(example_irs) -> None:
     ir = example_irs["rmsnorm"]
     new = apply(ir, "tile{call=0,block_rows=64}")

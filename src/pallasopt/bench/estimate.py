@@ -15,7 +15,7 @@ from ..cost_model.hardware import Chip
 from ..ir.kernel_ir import KernelIR
 from .rows import Estimate
 
-ESTIMATE_VERSION = 2  # bump when the estimate method changes: it keys the estimate cache (2: compiler step excess)
+ESTIMATE_VERSION = 3  # bump when the estimate method changes: it keys the estimate cache (3: the MXU floor)
 
 
 class Estimator(Protocol):
@@ -43,7 +43,19 @@ def loop_trips(jaxpr: Any) -> tuple[int, bool]:
     return best, unknown
 
 
-def _work(rep: Any) -> tuple[float, float]:
+def reference_floor(chip: Chip, flops: float, nbytes: float, dtypes: tuple[Any, ...] = ()) -> tuple[float, str]:
+    """The least time XLA's reference can take on `chip` (seconds) and what bounds it: its bytes accessed over HBM
+    bandwidth, or its FLOPs (XLA's cost analysis: 2 per multiply-add, elementwise ones too) at the chip's fastest
+    matmul rate for its inputs' dtypes (bf16's, or the 8-bit rate where an input is 8-bit). libtpu's static profile
+    of an XLA convolution can come out under both (fused_21_causal_conv1d_silu, v5e: the profile said 0.215 ms, the
+    HBM floor, for 137 GFLOP that take >= 0.70 ms at 197 TFLOP/s), so neither the profile nor the HBM floor alone."""
+    peak = max([chip.device_peak_bf16_flops, *(chip.device_peak_flops(d) for d in dtypes)])
+    hbm, mxu = nbytes / chip.device_hbm_bw_bytes_s, flops / peak
+    return (mxu, "MXU floor from XLA's FLOPs") if mxu > hbm else (hbm, "HBM floor from XLA's bytes accessed")
+
+
+def xla_work(rep: Any) -> tuple[float, float]:
+    """(FLOPs, bytes accessed) of XLA's cost analysis in a compile report; zeros when it failed."""
     cost = dict(rep.cost_analysis) if rep is not None and rep.ok else {}
     return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
@@ -68,8 +80,8 @@ class CompilerEstimator:
 
     Reference: compiled at the default dims when XLA's cost analysis predicts <= `direct_limit_s` of work (libtpu's
     profile of a bigger XLA op takes minutes), else at smaller dims from the kernel's `reduce_dims_for_compile`
-    (about that much work) scaled by the reference's FLOP ratio default/reduced. Time = max(static estimate, XLA's
-    bytes accessed / HBM bandwidth), both times the trip count of a `scan` in the reference (the profile counts a
+    (about that much work) scaled by the reference's FLOP ratio default/reduced. Time = max(static estimate,
+    `reference_floor`: XLA's bytes accessed / HBM bandwidth or its FLOPs / matmul peak), all times the trip count of a `scan` in the reference (the profile counts a
     loop body once). Hand-tuned: the kernel's own compiler tier, run on `hand_tuned` as the entry.
     """
 
@@ -148,15 +160,16 @@ class CompilerEstimator:
             )
 
         probe = compile_at("reference", dims, False)  # XLA's cost analysis of the same work at the default dims
-        flops, nbytes = _work(probe)
-        bw = chip.device_hbm_bw_bytes_s
-        predicted = max(flops / chip.device_peak_bf16_flops, nbytes / bw) if probe.ok else math.inf
-        floor_note = "HBM floor from XLA's bytes accessed" if fn == "reference" else "no HBM floor (Pallas call)"
+        flops, nbytes = xla_work(probe)
+        dtypes = tuple(getattr(a, "dtype", None) for a in jax.tree.leaves(arg_structs(ir.workload)))
+        dtypes = tuple(d for d in dtypes if d is not None)
+        predicted = reference_floor(chip, flops, nbytes, dtypes)[0] if probe.ok else math.inf
+        floor_note = reference_floor(chip, flops, nbytes, dtypes)[1] if fn == "reference" else "no floor (Pallas call)"
         if predicted <= self.direct_limit_s:
             rep = compile_at(fn, dims, True)
             if rep.ok and rep.estimated_s is not None:
                 static = rep.estimated_s * trips
-                floor = nbytes * trips / bw if fn == "reference" else 0.0
+                floor = reference_floor(chip, flops, nbytes, dtypes)[0] * trips if fn == "reference" else 0.0
                 bound = "static schedule" if static >= floor else floor_note
                 return Estimate(fn, max(static, floor), method="; ".join(["at the default dims", bound, *notes]))
             notes.append(f"default dims failed ({rep.error_kind or rep.note})")
@@ -169,7 +182,7 @@ class CompilerEstimator:
         if not rep.ok or rep.estimated_s is None:
             why = f"{rep.error_kind}: {rep.error}" if not rep.ok else (rep.note or "no static estimate")
             return Estimate(fn, None, method=f"at reduced dims {rdims}", error=why[:300])
-        rflops, rbytes = _work(rep if fn == "reference" else compile_at("reference", rdims, False))
+        rflops, rbytes = xla_work(rep if fn == "reference" else compile_at("reference", rdims, False))
         if flops and rflops:
             scale, how = flops / rflops, "the reference's FLOP ratio"
         elif nbytes and rbytes:
@@ -177,8 +190,9 @@ class CompilerEstimator:
         else:
             scale, how = kscale, "the kernel's grid-step ratio"
         static = rep.estimated_s * scale * trips
-        floor = (nbytes or rbytes * scale) * trips / bw if fn == "reference" else 0.0
-        bound = "static schedule" if static >= floor else floor_note
+        full = reference_floor(chip, flops or rflops * scale, nbytes or rbytes * scale, dtypes)
+        floor = full[0] * trips if fn == "reference" else 0.0
+        bound = "static schedule" if static >= floor else (full[1] if fn == "reference" else floor_note)
         method = f"at reduced dims {rdims} x {scale:.4g} ({how})" if rdims != dims else "at the default dims"
         method += f"; {bound}"
         return Estimate(fn, max(static, floor), method="; ".join([method, *notes]))

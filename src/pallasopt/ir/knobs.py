@@ -261,10 +261,12 @@ def discover_knobs(source: str, path: str, calls: tuple[CallFacts, ...], digest:
     info: dict[Pos, tuple[int, str | None]] = {}
     names: dict[Pos, str | None] = {}
     pads: dict[Pos, set[tuple[int, int, int]]] = {}
+    lone: dict[Pos, int] = {}  # literals whose perturbation alone broke the trace
     for pos, value, name in candidate_literals(module, interesting_values(calls)):
         names[pos] = name
         res = _perturbed_calls(path, {pos: value}, module)
         if res is None:
+            lone[pos] = value
             continue
         effects = _effects(calls, res[0], res[1])
         if effects:
@@ -272,6 +274,7 @@ def discover_knobs(source: str, path: str, calls: tuple[CallFacts, ...], digest:
             info[pos] = (value, name)
             pads[pos] = padded_dims(calls, res[0])
     _add_structural(module, path, calls, controls, info, names, pads)
+    _add_tied(module, path, calls, controls, info, names, pads, lone)
     _probe_padding(module, path, calls, controls, info, pads)
     knobs = _group(controls, info, calls, pads)
     _CACHE[digest] = knobs
@@ -303,6 +306,48 @@ def _add_structural(
                 controls[pos] = {(call.index, axis, kind)}
                 info[pos] = (value, names.get(pos))
                 pads[pos] = padded_dims(calls, res[0])
+
+
+def _add_tied(
+    module: cst.Module,
+    path: str,
+    calls: tuple[CallFacts, ...],
+    controls: dict[Pos, set[tuple[int, int, str]]],
+    info: dict[Pos, tuple[int, str | None]],
+    names: Mapping[Pos, str | None],
+    pads: dict[Pos, set[tuple[int, int, int]]],
+    lone: Mapping[Pos, int],
+) -> None:
+    """One square tile over several grid axes: literals of one value that break the trace alone, re-traced together
+    with the grid's literals of that value that only move the grid. llm_triangle_multiplication writes its block once,
+    in a helper every operand's spec calls (`pl.BlockSpec((None, 128, 128), index_map)`), and its grid as
+    `(C, N // 128, N // 128, N // 128)`: one block literal alone mismatches the body's dot and the accumulator, a grid
+    divisor alone moves only the grid, and no BlockSpec in the call holds a literal tuple (`_add_structural`). The
+    group is kept only if the joint re-trace moves blocks and nothing else, on exactly the grid literals' axes."""
+    covered = {(c, a) for eff in controls.values() for c, a, k in eff if k == "block"}
+    by_value: dict[int, list[Pos]] = {}
+    for pos, value in lone.items():
+        by_value.setdefault(value, []).append(pos)
+    for value, blocks in sorted(by_value.items()):
+        grid = [
+            p
+            for p, eff in controls.items()
+            if info[p][0] == value and eff and all(k != "block" and (c, a) not in covered for c, a, k in eff)
+        ]
+        if not grid:
+            continue
+        res = _perturbed_calls(path, {p: value for p in blocks + grid}, module)
+        if res is None:
+            continue
+        effects = _effects(calls, res[0], res[1])
+        if not effects or any(k != "block" for _, _, k in effects):
+            continue
+        if {(c, a) for c, a, _ in effects} != {(c, a) for p in grid for c, a, _ in controls[p]}:
+            continue
+        for p in blocks:
+            controls[p] = set(effects)
+            info[p] = (value, names.get(p))
+            pads[p] = padded_dims(calls, res[0])
 
 
 def _probe_padding(
