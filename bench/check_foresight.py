@@ -16,28 +16,33 @@ import json
 import sqlite3
 import statistics
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
 
-def _work(source: str, path: str) -> int | None:
-    from pallasopt.harness.check_dims import check_work
+def _work(source: str, path: str) -> tuple[int, int] | None:
+    from pallasopt.harness.check_dims import check_work_parts
     from pallasopt.ir.kernel_ir import KernelIR
 
     ir = KernelIR.from_source(source, path=path)
-    return None if ir.workload is None else check_work(ir.workload, ir.calls)
+    return None if ir.workload is None else check_work_parts(ir.workload, ir.calls)
+
+
+def _element_steps(parts: tuple[int, int], s_per_step: float, s_per_flop: float) -> float:
+    return parts[0] + parts[1] * s_per_flop / s_per_step
 
 
 def rows_of(db: Path) -> list[dict[str, Any]]:
     """One row per candidate check in `db` (its first, at the search's seeds) with foresight and measurement."""
-    from pallasopt.harness.check_dims import INTERPRET_S_PER_ELEMENT_STEP
+    from pallasopt.harness.check_dims import INTERPRET_S_PER_ELEMENT_STEP, INTERPRET_S_PER_FLOP
 
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     q = """SELECT w.path, c.id, c.depth, c.recipe, c.source, e.wall_s, e.ok FROM evaluations e
            JOIN candidates c ON c.id = e.candidate_id JOIN workloads w ON w.id = c.workload_id
            WHERE e.tier = 'check' ORDER BY e.id"""
     seen: set[int] = set()
-    base: dict[str, tuple[float, int | None]] = {}
+    base: dict[str, tuple[float, tuple[int, int] | None]] = {}
     out = []
     for path, cid, depth, recipe, source, wall, ok in con.execute(q):
         if cid in seen:
@@ -55,16 +60,52 @@ def rows_of(db: Path) -> list[dict[str, Any]]:
             continue
         b_wall, b_work = base[path]
         assert b_work is not None
-        foreseen = b_wall + INTERPRET_S_PER_ELEMENT_STEP * max(0, work - b_work)
-        kernel = Path(path).stem
-        out.append({"kernel": kernel, "recipe": recipe, "ok": bool(ok), "measured_s": wall, "foreseen_s": foreseen})
+        k, f = INTERPRET_S_PER_ELEMENT_STEP, INTERPRET_S_PER_FLOP
+        extra = _element_steps(work, k, f) - _element_steps(b_work, k, f)
+        foreseen = b_wall + k * max(0.0, extra)
+        row = {"kernel": Path(path).stem, "recipe": recipe, "ok": bool(ok), "measured_s": wall, "foreseen_s": foreseen}
+        row |= {"base_s": b_wall, "d_steps": work[0] - b_work[0], "d_flops": work[1] - b_work[1]}
+        out.append(row)
     return out
+
+
+def is_validation(kernel: str) -> bool:
+    """The held-out third of the kernels, fixed by name (crc32), chosen before any fit."""
+    return zlib.crc32(kernel.encode()) % 3 == 0
+
+
+def fit(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """measured = base_s + a * d_steps+ + b * d_flops+ by least squares in relative error (each check weighs the
+    same whatever its length), a and b kept >= 0: the per-element-step and per-FLOP seconds of interpret mode."""
+    import numpy as np
+
+    x = np.array([[max(0, r["d_steps"]), max(0, r["d_flops"])] for r in rows], dtype=float)
+    y = np.array([r["measured_s"] - r["base_s"] for r in rows])
+    w = 1.0 / np.array([r["measured_s"] for r in rows])
+    cols = [0, 1]
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, cols] * w[:, None], y * w, rcond=None)
+        if (coef >= 0).all() or len(cols) == 1:
+            break
+        cols = [c for c, v in zip(cols, coef, strict=True) if v >= 0] or [cols[0]]
+    out = {"s_per_element_step": 0.0, "s_per_flop": 0.0}
+    for c, v in zip(cols, coef, strict=True):
+        out[("s_per_element_step", "s_per_flop")[c]] = max(0.0, float(v))
+    return out
+
+
+def score(rows: list[dict[str, Any]], k: float, f: float) -> dict[str, float]:
+    """Foreseen / measured over `rows` with per-element-step `k` and per-FLOP `f` seconds."""
+    ratios = [(r["base_s"] + max(0.0, k * r["d_steps"] + f * r["d_flops"])) / r["measured_s"] for r in rows]
+    under = sum(x < 1.0 for x in ratios)
+    return {"n": len(rows), "median": statistics.median(ratios), "max": max(ratios), "min": min(ratios), "under": under}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dbs", type=Path, nargs="+")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--fit", action="store_true", help="fit the two interpret-mode constants (held-out kernels)")
     args = ap.parse_args(argv)
     rows = [r for db in args.dbs for r in rows_of(db)]
     for r in rows:
@@ -79,8 +120,25 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(rows)} candidate checks: foreseen / measured median {statistics.median(ratios):.2f}, "
         f"10th-90th percentile {q[0]:.2f}-{q[-1]:.2f}, under-foreseen {under}"
     )
+    report: dict[str, Any] = {"dbs": [str(d) for d in args.dbs], "rows": rows}
+    if args.fit:
+        from pallasopt.harness.check_dims import INTERPRET_S_PER_ELEMENT_STEP, INTERPRET_S_PER_FLOP
+
+        train = [r for r in rows if not is_validation(r["kernel"])]
+        val = [r for r in rows if is_validation(r["kernel"])]
+        got = fit(train)
+        k, f = got["s_per_element_step"], got["s_per_flop"]
+        report["fit"] = {
+            "train_kernels": sorted({r["kernel"] for r in train}),
+            "validation_kernels": sorted({r["kernel"] for r in val}),
+            "coefficients": got,
+            "validation_fitted": score(val, k, f),
+            "validation_current": score(val, INTERPRET_S_PER_ELEMENT_STEP, INTERPRET_S_PER_FLOP),
+            "train_fitted": score(train, k, f),
+        }
+        print(json.dumps(report["fit"], indent=1))
     if args.out:
-        args.out.write_text(json.dumps({"dbs": [str(d) for d in args.dbs], "rows": rows}, indent=1))
+        args.out.write_text(json.dumps(report, indent=1))
     return 0
 
 

@@ -231,21 +231,30 @@ INTERPRET_S_PER_FLOP = 15e-12
 SMALL_DIM_RUNS = 5  # the oracle's runs at the small dims: three seeds, the determinism rerun, the overflow run
 
 
-def _element_steps(calls: tuple[CallFacts, ...]) -> int:
-    """Interpret mode's work for one run: every grid step touches whole arrays (FACTS.md), so steps x elements; plus
-    the kernel's matmul FLOPs and the reference's (taken as equal), in element-steps of the same time."""
+def _parts(calls: tuple[CallFacts, ...]) -> tuple[int, int]:
+    """Interpret mode's work for one run: (element-steps, FLOPs). Every grid step touches whole arrays (FACTS.md), so
+    steps x elements; the kernel's matmul FLOPs and the reference's (taken as equal)."""
     touched = sum(c.steps * sum(math.prod(o.shape) for o in c.operands) for c in calls)
-    flops = 2 * sum(c.flops for c in calls)
-    return touched + round(flops * INTERPRET_S_PER_FLOP / INTERPRET_S_PER_ELEMENT_STEP)
+    return touched, 2 * sum(c.flops for c in calls)
 
 
-def check_work(workload: Workload, base: tuple[CallFacts, ...] | None = None) -> int:
-    """The interpret-mode work (element-steps: `_element_steps`, matmul FLOPs counted in them) of the oracle's check
-    of this workload, at the dims the oracle will derive for it: `SMALL_DIM_RUNS` runs at the small dims and one at
-    the wide dims. Candidates with bigger blocks need bigger check dims (>= 2 grid steps per axis), and this grows
-    with them: a search uses it to foresee which checks cannot finish in the budget it has left."""
+def check_work_parts(workload: Workload, base: tuple[CallFacts, ...] | None = None) -> tuple[int, int]:
+    """(element-steps, matmul FLOPs) of the oracle's check of this workload, at the dims the oracle will derive for
+    it: `SMALL_DIM_RUNS` runs at the small dims and one at the wide dims. Candidates with bigger blocks need bigger
+    check dims (>= 2 grid steps per axis), and these grow with them."""
     base = base if base is not None else trace_calls(workload, dict(workload.dims))
     small = derive_check_dims(workload, base)
     wide = derive_wide_dims(workload, small, base)
-    work = SMALL_DIM_RUNS * _element_steps(trace_calls(workload, small))
-    return work + (_element_steps(trace_calls(workload, wide)) if wide != small else 0)
+    touched, flops = (SMALL_DIM_RUNS * x for x in _parts(trace_calls(workload, small)))
+    if wide != small:
+        t, f = _parts(trace_calls(workload, wide))
+        touched, flops = touched + t, flops + f
+    return touched, flops
+
+
+def check_work(workload: Workload, base: tuple[CallFacts, ...] | None = None) -> int:
+    """The interpret-mode work of the oracle's check of this workload in element-steps (`check_work_parts`, the
+    FLOPs counted at INTERPRET_S_PER_FLOP / INTERPRET_S_PER_ELEMENT_STEP each): a search uses it to foresee which
+    checks cannot finish in the budget it has left."""
+    touched, flops = check_work_parts(workload, base)
+    return touched + round(flops * INTERPRET_S_PER_FLOP / INTERPRET_S_PER_ELEMENT_STEP)
