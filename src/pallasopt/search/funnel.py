@@ -3,8 +3,9 @@
 A strategy proposes children (`Funnel.expand`, `Funnel.child`) and hands a batch to `Funnel.evaluate`, which runs
 them through the tiers cheapest first (`rank`, then `check`): the roofline model prunes, the deviceless compiler
 ranks (up to `jobs` at once under the time budget, stopping while one check still fits; a compile whose floor keeps
-it out of the result, or whose check cannot end in the budget left, is skipped and recorded), the interpret-mode oracle checks in rank order, a time under half the
-roofline floor is re-checked on other seeds, and the hardware tier times what passed. Failures at any tier are
+it out of the result, or whose check cannot end in the budget left, is skipped and recorded), the interpret-mode
+oracle checks in rank order, a time under half the roofline floor is re-checked on other seeds, and the hardware
+tier times what passed. Failures at any tier are
 recorded on the node and never returned. All compile, check and timing work goes through one method,
 `Funnel.dispatch`, so an executor (threads today) can be swapped in there.
 """
