@@ -344,6 +344,8 @@ def _add_tied(
             continue
         if {(c, a) for c, a, _ in effects} != {(c, a) for p in grid for c, a, _ in controls[p]}:
             continue
+        if [[o.shape for o in c.operands] for c in calls] != [[o.shape for o in c.operands] for c in res[0]]:
+            continue  # a literal of the same value that also sizes an array: not only a tile
         for p in blocks:
             controls[p] = set(effects)
             info[p] = (value, names.get(p))
