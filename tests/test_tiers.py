@@ -249,8 +249,8 @@ def test_budget_counts_check_time_and_says_how_it_was_spent(tmp_path: Path, monk
     r = _optimize(tmp_path, tiers, budget_seconds=150.0, beam=4)
     assert r.stop_reason == "budget" and r.budget is not None
     spent = r.budget.by_tier
-    # baseline: compile (10 s) + check (100 s); 40 s are left, less than 1.5 checks: no candidate is compiled that
-    # could not be checked within the budget (beam_search's compile_time_left), and no check starts
+    # baseline: compile (10 s) + check (100 s); 40 s are left, less than a candidate's check: none is compiled, as
+    # none could be checked within the budget (Funnel._check_too_long), no check starts, and the stop says budget
     n = tiers.calls["compiler"]
     assert n == 1 and spent["compiler"].candidates == n and spent["compiler"].seconds == pytest.approx(10.0 * n)
     assert spent["check"].candidates == 1 and spent["check"].seconds == pytest.approx(100.0)

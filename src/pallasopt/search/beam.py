@@ -77,12 +77,15 @@ def beam_search(
         last = depth == config.depth
         bar = min(worst_kept, best_time) if last else worst_kept
         ranked = f.rank(children, config.beam, bar)
-        window = 1
+        window, unverifiable = 1, f.unverifiable(children)
         while f.unverifiable(children) and window < CHOICE_WINDOWS and f.budget_left():
             # the model-best choices were too big to check in the budget: the passes' next choices, same size of batch
             children = [c for state in beam for c in f.expand(state, passes, BEAM_CHOICES, window)]
             ranked = sorted(ranked + f.rank(children, config.beam, bar), key=f.rank_key)
             window += 1
+        if unverifiable and not ranked:
+            stop = "budget"  # no candidate of this depth could still be verified in the time left
+            break
         verified = _checked(f, ranked, config.beam, worst_kept, best_time)
         kept = verified if f.score_tier == "hardware" else [c for c in ranked if not c.failed("check")]
         beam = sorted({n.digest: n for n in beam + kept}.values(), key=f.rank_key)[: config.beam]
