@@ -163,13 +163,14 @@ class CompilerEstimator:
         flops, nbytes = xla_work(probe)
         dtypes = tuple(getattr(a, "dtype", None) for a in jax.tree.leaves(arg_structs(ir.workload)))
         dtypes = tuple(d for d in dtypes if d is not None)
-        predicted = reference_floor(chip, flops, nbytes, dtypes)[0] if probe.ok else math.inf
-        floor_note = reference_floor(chip, flops, nbytes, dtypes)[1] if fn == "reference" else "no floor (Pallas call)"
+        least, least_note = reference_floor(chip, flops, nbytes, dtypes)
+        predicted = least if probe.ok else math.inf
+        floor_note = least_note if fn == "reference" else "no floor (Pallas call)"
         if predicted <= self.direct_limit_s:
             rep = compile_at(fn, dims, True)
             if rep.ok and rep.estimated_s is not None:
                 static = rep.estimated_s * trips
-                floor = reference_floor(chip, flops, nbytes, dtypes)[0] * trips if fn == "reference" else 0.0
+                floor = least * trips if fn == "reference" else 0.0
                 bound = "static schedule" if static >= floor else floor_note
                 return Estimate(fn, max(static, floor), method="; ".join(["at the default dims", bound, *notes]))
             notes.append(f"default dims failed ({rep.error_kind or rep.note})")
