@@ -219,42 +219,65 @@ def derive_wide_dims(workload: Workload, small: Mapping[str, int], base: tuple[C
     return dims
 
 
-# What one (grid step x element) of interpret mode costs on CPU, upper end of the measured range: FACTS.md measures
-# ~0.05 ms per step at 256^2 (3 arrays of 65536: 0.25 ns) and ~2.6 ms per step at 1024^2 (3 x 2^20: 0.85 ns).
-INTERPRET_S_PER_ELEMENT_STEP = 0.85e-9
+# Interpret mode's cost per unit of work on this CPU. With `harness.interpret`'s read-block patch a grid step costs
+# by its blocks, not by the whole arrays (FACTS.md's whole-array cost was JAX's HLO interpreter writing every input
+# block back, which made XLA copy each input twice per step). Measured 2026-12-03 on this 2-core machine: a 128^3 f32
+# matmul in interpret mode takes 0.09-0.11 ms per step at 512^2 to 2048^2 (was 0.34, 0.53 and 7.3 ms), which these
+# three account for (20 us + 49k block elements x 0.85 ns + 4.2 MFLOP x 15 ps = 0.10 ms). Read back on 46 candidate
+# checks re-measured with the patch (bench/check_foresight.py --rerun, bench/results/check-foresight-*.json).
+INTERPRET_S_PER_STEP = 20e-6  # per grid step: the while loop's bookkeeping, index maps, small ops
+INTERPRET_S_PER_ELEMENT_STEP = 0.85e-9  # per block element touched per grid step (every operand's block)
 # What one matmul FLOP costs on this CPU: XLA's f32 dot measured at 66-84 GFLOP/s on the 2-core machine (2026-12-03,
 # `jax.jit(a @ b)` at 1024^3, 2048x4096x256 and 4096^3, load average 3): 12-15 ps; the upper end. Interpret mode runs
-# each block's dot as such a dot, and the reference does the kernel's math again. Element-steps alone foresaw 9 s for
-# the check of JAXBench 1_Square_matrix_multiplication_'s (2048, 4096) block at N = 4096 (1.4 TFLOP over five runs);
-# it took 28-31 s in the bench; with the FLOP term 30 s is foreseen.
+# each block's dot as such a dot, and the reference does the kernel's math again. JAXBench's
+# 1_Square_matrix_multiplication_ with a (2048, 4096) block: 1.37 TFLOP more than its baseline's check over five
+# runs, +17.4 s measured (12.7 ps per FLOP), +21.9 s foreseen.
 INTERPRET_S_PER_FLOP = 15e-12
+# Comparing one output element with the reference's (`harness.compare`, ~20 float64 passes in slices), per run: 1.7 s
+# per compare of a (8192, 8192) f32 output (JAXBench 9_Tall_skinny's check dims), 2026-12-03.
+INTERPRET_S_PER_OUTPUT = 25e-9
 SMALL_DIM_RUNS = 5  # the oracle's runs at the small dims: three seeds, the determinism rerun, the overflow run
 
 
-def _parts(calls: tuple[CallFacts, ...]) -> tuple[int, int]:
-    """Interpret mode's work for one run: (element-steps, FLOPs). Every grid step touches whole arrays (FACTS.md), so
-    steps x elements; the kernel's matmul FLOPs and the reference's (taken as equal)."""
-    touched = sum(c.steps * sum(math.prod(o.shape) for o in c.operands) for c in calls)
-    return touched, 2 * sum(c.flops for c in calls)
+Parts = tuple[int, int, int, int]  # (grid steps, block element-steps, matmul FLOPs, output elements)
 
 
-def check_work_parts(workload: Workload, base: tuple[CallFacts, ...] | None = None) -> tuple[int, int]:
-    """(element-steps, matmul FLOPs) of the oracle's check of this workload, at the dims the oracle will derive for
-    it: `SMALL_DIM_RUNS` runs at the small dims and one at the wide dims. Candidates with bigger blocks need bigger
-    check dims (>= 2 grid steps per axis), and these grow with them."""
+def _parts(calls: tuple[CallFacts, ...]) -> Parts:
+    """Interpret mode's work for one run: (grid steps, block element-steps, FLOPs, output elements). A step reads
+    and writes its operands' blocks (a raw HBM/ANY ref: its whole array); the kernel's matmul FLOPs and the
+    reference's (taken as equal); each call's outputs (the last call's are compared with the reference)."""
+    steps = sum(c.steps for c in calls)
+    touched = sum(
+        c.steps * sum(o.block_elems if o.is_pipelined else math.prod(o.shape) for o in c.operands) for c in calls
+    )
+    outputs = sum(math.prod(o.shape) for c in calls for o in c.operands if o.role == "out")
+    return steps, touched, 2 * sum(c.flops for c in calls), outputs
+
+
+def check_work_parts(workload: Workload, base: tuple[CallFacts, ...] | None = None) -> Parts:
+    """`_parts` of the oracle's check of this workload, at the dims the oracle will derive for it: `SMALL_DIM_RUNS`
+    runs at the small dims and one at the wide dims. Candidates with bigger blocks need bigger check dims (>= 2 grid
+    steps per axis), and these grow with them."""
     base = base if base is not None else trace_calls(workload, dict(workload.dims))
     small = derive_check_dims(workload, base)
     wide = derive_wide_dims(workload, small, base)
-    touched, flops = (SMALL_DIM_RUNS * x for x in _parts(trace_calls(workload, small)))
+    parts = [SMALL_DIM_RUNS * x for x in _parts(trace_calls(workload, small))]
     if wide != small:
-        t, f = _parts(trace_calls(workload, wide))
-        touched, flops = touched + t, flops + f
-    return touched, flops
+        parts = [a + b for a, b in zip(parts, _parts(trace_calls(workload, wide)), strict=True)]
+    steps, touched, flops, outputs = parts
+    return steps, touched, flops, outputs
+
+
+UNIT_COSTS = (INTERPRET_S_PER_STEP, INTERPRET_S_PER_ELEMENT_STEP, INTERPRET_S_PER_FLOP, INTERPRET_S_PER_OUTPUT)
+
+
+def work_seconds(parts: Parts, unit_costs: tuple[float, float, float, float] = UNIT_COSTS) -> float:
+    """Interpret-mode seconds of `parts` (`check_work_parts`) at `unit_costs` (one per part)."""
+    return sum(p * u for p, u in zip(parts, unit_costs, strict=True))
 
 
 def check_work(workload: Workload, base: tuple[CallFacts, ...] | None = None) -> int:
-    """The interpret-mode work of the oracle's check of this workload in element-steps (`check_work_parts`, the
-    FLOPs counted at INTERPRET_S_PER_FLOP / INTERPRET_S_PER_ELEMENT_STEP each): a search uses it to foresee which
-    checks cannot finish in the budget it has left."""
-    touched, flops = check_work_parts(workload, base)
-    return touched + round(flops * INTERPRET_S_PER_FLOP / INTERPRET_S_PER_ELEMENT_STEP)
+    """The interpret-mode work of the oracle's check of this workload in element-steps (`check_work_parts`, each
+    part counted at its cost in element-steps): a search uses it to foresee which checks cannot finish in the
+    budget it has left (priced at INTERPRET_S_PER_ELEMENT_STEP)."""
+    return round(work_seconds(check_work_parts(workload, base)) / INTERPRET_S_PER_ELEMENT_STEP)
