@@ -21,6 +21,7 @@ from .layout import LayoutPass
 from .llm_rewrite import LLMRewritePass
 from .multi_buffer import MultiBufferPass
 from .online_softmax import OnlineSoftmaxPass
+from .pad_in_kernel import PadInKernelPass
 from .single_buffer import SingleBufferPass
 from .skip_masked_blocks import SkipMaskedBlocksPass
 from .skip_masked_chunks import SkipMaskedChunksPass
@@ -43,6 +44,7 @@ PASSES: tuple[type[Pass], ...] = (
     FusePass,
     EpiloguePass,
     LayoutPass,
+    PadInKernelPass,
     LaneDensePass,
     LaneDenseStatsPass,
     CostEstimatePass,

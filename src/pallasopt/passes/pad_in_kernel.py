@@ -1,0 +1,314 @@
+"""pad-in-kernel: an input the wrapper zero-pads with `jnp.pad` is padded in VMEM by the kernel instead."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import libcst as cst
+import libcst.matchers as m
+
+from ..cost_model.hardware import Chip
+from ..errors import KernelError, PassNotApplicable, check
+from ..ir.builders import fresh_name
+from ..ir.cst_edit import add_scratch, ensure_pltpu, replace_many
+from ..ir.facts import CallFacts, Operand
+from ..ir.kernel_ir import KernelIR
+from ..ir.matchers import (
+    Located,
+    blockspec_parts,
+    call_kernel,
+    call_site,
+    code,
+    enclosing_function,
+    find_call_node,
+    jnp_alias,
+    kernel_function,
+    keyword,
+    resolve_local,
+    spec_site,
+    used_names,
+)
+from .base import Pass
+
+Pads = tuple[tuple[int, int], ...]
+
+
+def _pad_widths(raw: cst.BaseExpression, ndim: int) -> Pads | None:
+    """`jnp.pad`'s pad_width as one (before, after) per dim, when it is a literal (an int, a pair, or a pair per
+    dim: numpy's broadcasting); None otherwise."""
+    try:
+        value = ast.literal_eval(code(raw))
+    except (ValueError, SyntaxError):
+        return None
+    if isinstance(value, int):
+        return ((value, value),) * ndim
+    if isinstance(value, tuple | list) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return ((value[0], value[1]),) * ndim
+    if isinstance(value, tuple | list) and len(value) == ndim:
+        out = []
+        for v in value:
+            if isinstance(v, int):
+                out.append((v, v))
+            elif isinstance(v, tuple | list) and len(v) == 2 and all(isinstance(x, int) for x in v):
+                out.append((v[0], v[1]))
+            else:
+                return None
+        return tuple(out)
+    return None
+
+
+def _is_zero_pad(call: cst.Call, jnp: str) -> bool:
+    """`jnp.pad(x, widths)` padding with zeros: mode absent or "constant", constant_values absent or 0."""
+    if code(call.func) not in (f"{jnp}.pad", "jax.numpy.pad"):
+        return False
+    known = {"pad_width", "mode", "constant_values"}
+    if any(a.keyword is not None and a.keyword.value not in known for a in call.args) or any(a.star for a in call.args):
+        return False
+    mode = keyword(call, "mode")
+    if mode is not None and code(mode.value).strip("'\"") != "constant":
+        return False
+    values = keyword(call, "constant_values")
+    positional = [a for a in call.args if a.keyword is None]
+    if len(positional) > 2:
+        return False
+    return values is None or code(values.value) in ("0", "0.0", "0.")
+
+
+@dataclass(frozen=True)
+class _Site:
+    """One padded input: the pad call, the unpadded array's text and the widths."""
+
+    pad: cst.Call
+    source: str
+    widths: Pads
+
+
+def _padded_input(loc: Located, node: cst.Call, operand: cst.BaseExpression, op: Operand) -> _Site | None:
+    """The `jnp.pad` that made `operand` (written in place or assigned to a local name before the call) when it pads
+    with zeros by literal widths, and its array is a plain name; else None."""
+    jnp = jnp_alias(loc.wrapper.module)
+    if jnp is None:
+        return None
+    pad = resolve_local(loc, node, operand.value) if isinstance(operand, cst.Name) else operand
+    if not isinstance(pad, cst.Call) or not _is_zero_pad(pad, jnp):
+        return None
+    positional = [a.value for a in pad.args if a.keyword is None]
+    width_arg = keyword(pad, "pad_width")
+    widths_node = width_arg.value if width_arg is not None else (positional[1] if len(positional) > 1 else None)
+    if not positional or widths_node is None or not isinstance(positional[0], cst.Name):
+        return None
+    widths = _pad_widths(widths_node, len(op.shape))
+    if widths is None or not any(lo or hi for lo, hi in widths) or any(lo < 0 or hi < 0 for lo, hi in widths):
+        return None
+    return _Site(pad, positional[0].value, widths)
+
+
+def _whole_padded_dims(op: Operand, widths: Pads) -> bool:
+    """Every padded dim is taken whole by one block (block = the padded extent, index map 0 there), unsqueezed."""
+    affine = op.index_map.affine
+    if affine is None or not op.is_pipelined or len(affine) != len(op.shape):
+        return False
+    for d, (lo, hi) in enumerate(widths):
+        if not (lo or hi):
+            continue
+        if op.block_shape[d] is None or op.block_shape[d] != op.shape[d] or any(affine[d]):
+            return False
+    return True
+
+
+def _only_read(kernel: cst.FunctionDef, ref: str) -> bool:
+    """The body reads `ref` and never stores to it, rebinds it or rebinds it in a nested function."""
+    for target in m.findall(kernel.body, m.AssignTarget() | m.AugAssign() | m.AnnAssign()):
+        lhs = target.target  # type: ignore[attr-defined]
+        if any(isinstance(n, cst.Name) and n.value == ref for n in m.findall(lhs, m.Name())) or (
+            isinstance(lhs, cst.Name) and lhs.value == ref
+        ):
+            return False
+    for fn in m.findall(kernel.body, m.FunctionDef() | m.Lambda()):
+        if any(p.name.value == ref for p in fn.params.params):  # type: ignore[attr-defined]
+            return False
+    return True
+
+
+def _shared_kernel(loc: Located, ir: KernelIR, facts: CallFacts, kernel: cst.FunctionDef) -> bool:
+    """The kernel function also runs in another pallas_call of the module (the rewrite would change that one)."""
+    for other in ir.calls:
+        if other.index == facts.index or other.library_site is not None:
+            continue
+        try:
+            if kernel_function(loc, find_call_node(loc, other)) is kernel:
+                return True
+        except Exception:
+            continue
+    return False
+
+
+@dataclass(frozen=True)
+class PadInKernelPass(Pass):
+    """Move an input's zero padding from the wrapper into the kernel: an operand made by `jnp.pad(x, widths)` whose
+    padded dims each fit one block whole (the halo of a convolution or a stencil over a whole image per step) is
+    passed as `x`, its BlockSpec's padded dims shrink by the widths, and the kernel builds the padded block in a
+    VMEM scratch of the old block shape (zeroed, then `x`'s block written at the pad offsets) that the body reads
+    under the old ref name. The padded copy of `x` no longer goes through HBM (a write and a read of the whole
+    array, which the cost model charges to the wrapper); the kernel pays two VMEM stores of the block per step.
+
+    Parameters: `call`, `operand` (input index). Declines for padding other than zeros by literal widths, a padded
+    dim split over several blocks, a body that stores to the ref, a kernel shared with another call, or a BlockSpec
+    whose shape is not a literal tuple written in the wrapper that makes the call.
+    """
+
+    name: ClassVar[str] = "pad-in-kernel"
+    call: int = 0
+    operand: int = 0
+
+    @classmethod
+    def choices(cls, ir: KernelIR, chip: Chip) -> tuple[Pass, ...]:
+        out: list[Pass] = []
+        for c in ir.calls:
+            if c.library_site is not None or c.num_scalar_prefetch:
+                continue
+            for i in range(len(c.inputs)):
+                try:
+                    cls(call=c.index, operand=i)._plan(ir, ir.module)
+                except PassNotApplicable:
+                    continue
+                out.append(cls(call=c.index, operand=i))
+        return tuple(out)
+
+    def _plan(
+        self, ir: KernelIR, module: cst.Module
+    ) -> tuple[Located, cst.Call, cst.FunctionDef, str, _Site, cst.CSTNode, cst.Call]:
+        """What the rewrite of `module` (`ir`'s, or it with an import added) needs, or PassNotApplicable saying why
+        not."""
+        check(0 <= self.call < len(ir.calls), f"no pallas_call #{self.call}")
+        facts = ir.calls[self.call]
+        check(facts.library_site is None, "the call is inside a library function")
+        check(facts.num_scalar_prefetch == 0, "the call uses scalar prefetch")
+        check(0 <= self.operand < len(facts.inputs), f"pallas_call #{self.call} has no input {self.operand}")
+        op = facts.inputs[self.operand]
+        n_refs = len(facts.inputs) + len(facts.outputs) + len(facts.scratch)
+        loc = Located.of(module)
+        node, kernel, refs = call_kernel(loc, facts, n_refs)
+        check(len(refs) == n_refs, "the kernel's positional parameters do not match its refs")
+        site = call_site(loc, node)
+        check(site is not None, "the pallas_call is not applied to positional operands in place")
+        assert site is not None
+        padded = _padded_input(loc, node, site.operands[self.operand], op)
+        check(padded is not None, f"input {self.operand} is not made by jnp.pad(name, literal widths) with zeros")
+        assert padded is not None
+        check(_whole_padded_dims(op, padded.widths), "a padded dim is split over several blocks")
+        ref = refs[self.operand]
+        check(_only_read(kernel, ref), f"the kernel stores to or rebinds {ref}")
+        check(not _shared_kernel(loc, ir, facts, kernel), "the kernel function runs in another pallas_call too")
+        where, spec = spec_site(loc, node, self.operand, len(facts.operands), len(facts.inputs))
+        shape, _ = blockspec_parts(spec)
+        check(
+            isinstance(shape, cst.Tuple) and len(shape.elements) == len(op.shape),
+            "the BlockSpec's block shape is not a literal tuple",
+        )
+        check(enclosing_function(loc, spec) is enclosing_function(loc, node), "the BlockSpec is built elsewhere")
+        return loc, node, kernel, ref, padded, where, spec
+
+    def apply(self, ir: KernelIR) -> KernelIR:
+        module, pltpu = ensure_pltpu(ir.module)
+        loc, node, kernel, ref, padded, where, spec = self._plan(ir, module)
+        facts = ir.calls[self.call]
+        op = facts.inputs[self.operand]
+        jnp = jnp_alias(loc.wrapper.module)
+        assert jnp is not None
+        shape, _ = blockspec_parts(spec)
+        assert isinstance(shape, cst.Tuple)
+        texts = [code(e.value) for e in shape.elements]
+        new_dims = [
+            t if not (lo or hi) else f"({t}) - {lo + hi}" for t, (lo, hi) in zip(texts, padded.widths, strict=True)
+        ]
+        new_shape = cst.parse_expression(f"({', '.join(new_dims)}{',' if len(new_dims) == 1 else ''})")
+        # In place when the list holds the BlockSpec itself; else (a name of a spec other operands may share) the
+        # list element becomes a new spec.
+        edits: dict[cst.CSTNode, cst.CSTNode] = (
+            {shape: new_shape} if where is spec else {where: spec.deep_replace(shape, new_shape)}
+        )
+        site = call_site(loc, node)
+        assert site is not None
+        edits[site.operands[self.operand]] = cst.Name(padded.source)
+        dead = _dead_assignment(loc, site.operands[self.operand], padded.pad)
+        if dead is not None:
+            edits[dead] = cst.RemovalSentinel.REMOVE  # type: ignore[assignment]
+        visible = [(t, w) for t, w, b in zip(texts, padded.widths, op.block_shape, strict=True) if b is not None]
+        inner = fresh_name(used_names(kernel) | set(kernel_params(kernel)), f"{ref}_unpadded")
+        index = ", ".join(
+            f"{lo}:{lo} + {inner}.shape[{k}]" if lo or hi else ":" for k, (_, (lo, hi)) in enumerate(visible)
+        )
+        prologue = cst.parse_module(
+            f"{ref}[...] = {jnp}.zeros({ref}.shape, {ref}.dtype)\n{ref}[{index}] = {inner}[...]\n"
+        ).body
+        edits[kernel] = _rewritten_kernel(kernel, self.operand, ref, inner, prologue)
+        block = ", ".join(t for t, _ in visible) + ("," if len(visible) == 1 else "")
+        add_scratch(loc, node, [cst.parse_expression(f"{pltpu}.VMEM(({block}), {padded.source}.dtype)")], edits)
+        try:
+            new = ir.with_module(replace_many(loc.wrapper.module, _nested_into(loc, edits)), self.spec())
+        except KernelError as e:
+            raise PassNotApplicable(f"the rewritten module does not trace: {e.message}") from None
+        got = new.calls[self.call]
+        unpadded = tuple(s - lo - hi for s, (lo, hi) in zip(op.shape, padded.widths, strict=True))
+        check(
+            got.inputs[self.operand].shape == unpadded and got.grid == facts.grid,
+            f"the rewrite traced to input shape {got.inputs[self.operand].shape}, grid {got.grid}",
+        )
+        return new
+
+
+def _dead_assignment(loc: Located, operand: cst.BaseExpression, pad: cst.Call) -> cst.CSTNode | None:
+    """The statement line `xp = jnp.pad(...)` when `operand` is the name `xp` and nothing else in the function reads
+    it (it would be dead once the call takes `x`); else None."""
+    if not isinstance(operand, cst.Name):
+        return None
+    assign = loc.parent(pad)
+    line = loc.parent(assign) if isinstance(assign, cst.Assign) else None
+    fn = enclosing_function(loc, operand)
+    if not isinstance(assign, cst.Assign) or not isinstance(line, cst.SimpleStatementLine) or fn is None:
+        return None
+    if len(line.body) != 1 or len(assign.targets) != 1:
+        return None
+    uses = [n for n in m.findall(fn, m.Name(operand.value)) if n is not assign.targets[0].target]
+    return line if uses == [operand] else None
+
+
+def _nested_into(loc: Located, edits: dict[cst.CSTNode, cst.CSTNode]) -> dict[cst.CSTNode, cst.CSTNode]:
+    """`edits` with each edit inside another edit's node applied to that node's replacement instead (`add_scratch`
+    replaces the whole pallas_call, which holds the BlockSpec edited too; its replacement shares the untouched
+    children, so the inner node is found there by identity)."""
+    out = dict(edits)
+    for inner in list(out):
+        up = loc.parent(inner)
+        while up is not None and up not in out:
+            up = loc.parent(up)
+        if up is not None:
+            out[up] = out[up].deep_replace(inner, out.pop(inner))
+    return out
+
+
+def kernel_params(kernel: cst.FunctionDef) -> list[str]:
+    return [p.name.value for p in (*kernel.params.params, *kernel.params.kwonly_params)]
+
+
+def _rewritten_kernel(
+    kernel: cst.FunctionDef, operand: int, ref: str, inner: str, prologue: Sequence[cst.BaseStatement]
+) -> cst.FunctionDef:
+    """The kernel taking the unpadded block as `inner` (in `ref`'s place) and the padded scratch as a new last
+    positional parameter named `ref`, building it first thing in the body."""
+    params = list(kernel.params.params)
+    params[operand] = params[operand].with_changes(name=cst.Name(inner))
+    params[-1] = params[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    params.append(cst.Param(name=cst.Name(ref)))
+    body = kernel.body
+    assert isinstance(body, cst.IndentedBlock)
+    stmts = list(body.body)
+    first = 0
+    if stmts and m.matches(stmts[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])):
+        first = 1  # keep the docstring first
+    new_body = body.with_changes(body=[*stmts[:first], *prologue, *stmts[first:]])
+    return kernel.with_changes(params=kernel.params.with_changes(params=params), body=new_body)

@@ -1,0 +1,97 @@
+"""pad-in-kernel: a wrapper's zero padding of an input moves into the kernel (a VMEM scratch built per step)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from pallasopt.cost_model.hardware import get_chip
+from pallasopt.errors import PassNotApplicable
+from pallasopt.harness.check import check_many
+from pallasopt.ir.kernel_ir import KernelIR
+from pallasopt.passes.pad_in_kernel import PadInKernelPass
+from pallasopt.search.tiers import model_tier
+
+HERE = Path(__file__).parent / "kernels" / "pad"
+BOX = HERE / "box3x3.py"
+CAUSAL = HERE / "causal_conv1d.py"
+V5E = get_chip("v5e")
+
+
+def _function(source: str, name: str) -> str:
+    module = cst.parse_module(source)
+    (fn,) = [s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name]
+    return module.code_for_node(fn)
+
+
+def test_an_inline_pad_moves_into_the_kernel() -> None:
+    ir = KernelIR.from_file(BOX)
+    assert PadInKernelPass.choices(ir, V5E) == (PadInKernelPass(call=0, operand=0),)
+    new = PadInKernelPass(call=0, operand=0).apply(ir)
+    x = new.calls[0].inputs[0]
+    assert (x.shape, x.block_shape) == ((4, 16, 16, 256), (None, 16, 16, 128))
+    assert len(new.calls[0].scratch) == len(ir.calls[0].scratch) + 1
+    wrapper = _function(new.source, "box3x3")
+    assert "pad" not in wrapper and ")(x)" in wrapper
+    assert "scratch_shapes=[pltpu.VMEM((H + 2, W + 2, TC), x.dtype)]" in wrapper
+    kernel = _function(new.source, "_box_kernel")
+    assert kernel.index('"""Nine shifted adds') < kernel.index("x_ref[...] = jnp.zeros(x_ref.shape, x_ref.dtype)")
+    assert "x_ref[1:1 + x_ref_unpadded.shape[0], 1:1 + x_ref_unpadded.shape[1], :] = x_ref_unpadded[...]" in kernel
+    assert "acc += x_ref[dy : dy + H, dx : dx + W, :]" in kernel  # the body reads the padded scratch as before
+
+
+def test_a_pad_through_a_local_name_is_dropped_with_its_line() -> None:
+    ir = KernelIR.from_file(CAUSAL)
+    assert PadInKernelPass.choices(ir, V5E) == (PadInKernelPass(call=0, operand=0),)  # the taps are not padded
+    new = PadInKernelPass(call=0, operand=0).apply(ir)
+    wrapper = _function(new.source, "causal_conv")
+    assert "xp" not in wrapper and ")(x, w, b.reshape(1, 1, C))" in wrapper
+    assert "pl.BlockSpec((1, (T + 2) - 2, tc), lambda i, c: (i, 0, c))" in wrapper
+    assert new.calls[0].inputs[0].shape == (4, 64, 256)
+    assert "jnp.pad" in _function(new.source, "reference")  # the oracle's side is untouched
+
+
+def test_the_model_sees_the_padded_copy_leave_hbm() -> None:
+    ir = KernelIR.from_file(BOX)
+    new = PadInKernelPass(call=0, operand=0).apply(ir)
+    before, after = model_tier(ir, V5E), model_tier(new, V5E)
+    assert before.data["wrapper_s"] > 0 and after.data["wrapper_s"] == 0
+    assert after.time_s < before.time_s
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "why"),
+    [
+        ("(0, 0))))", "(0, 0)), mode='edge'))", "not made by jnp.pad"),
+        (
+            "jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))",
+            "jnp.pad(x, ((0, 0), (H // 16, 1), (1, 1), (0, 0)))",
+            "literal",
+        ),
+        ("    o_ref[...] = acc\n", "    o_ref[...] = acc\n    x_ref[0, 0, 0] = 0.0\n", "stores to"),
+        (  # channels padded too, and walked in TC-blocks: a padded dim split over blocks
+            "jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))",
+            "jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 128)))",
+            "split over several blocks",
+        ),
+    ],
+)
+def test_declines(old: str, new: str, why: str) -> None:
+    source = BOX.read_text()
+    assert old in source
+    source = source.replace(old, new)
+    ir = KernelIR.from_source(source, str(BOX))
+    assert PadInKernelPass.choices(ir, V5E) == ()
+    with pytest.raises(PassNotApplicable, match=why):
+        PadInKernelPass(call=0, operand=0).apply(ir)
+
+
+@pytest.mark.slow
+def test_every_choice_matches_the_reference() -> None:
+    for path in (BOX, CAUSAL):
+        ir = KernelIR.from_file(path)
+        sources = [c.apply(ir).source for c in PadInKernelPass.choices(ir, V5E)]
+        results = check_many(sources, str(path))
+        assert sources and all(r.ok for r in results), [r.message for r in results]
