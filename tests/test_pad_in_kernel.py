@@ -67,8 +67,8 @@ def test_the_model_sees_the_padded_copy_leave_hbm() -> None:
         ("(0, 0))))", "(0, 0)), mode='edge'))", "not made by jnp.pad"),
         (
             "jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))",
-            "jnp.pad(x, ((0, 0), (H // 16, 1), (1, 1), (0, 0)))",
-            "literal",
+            "jnp.pad(x, ((0, 0), (H // 16, H // 16), (1, 1), (0, 0)))",
+            "not literal",
         ),
         ("    o_ref[...] = acc\n", "    o_ref[...] = acc\n    x_ref[0, 0, 0] = 0.0\n", "stores to"),
         (  # channels padded too, and walked in TC-blocks: a padded dim split over blocks
@@ -95,3 +95,26 @@ def test_every_choice_matches_the_reference() -> None:
         sources = [c.apply(ir).source for c in PadInKernelPass.choices(ir, V5E)]
         results = check_many(sources, str(path))
         assert sources and all(r.ok for r in results), [r.message for r in results]
+
+
+def _causal_with_expression_widths() -> str:
+    source = CAUSAL.read_text()
+    old_pad, old_spec = "    xp = jnp.pad(x, ((0, 0), (2, 0), (0, 0)))\n", "pl.BlockSpec((1, T + 2, tc)"
+    assert old_pad in source and old_spec in source
+    source = source.replace(old_pad, "    K = w.shape[0]\n    xp = jnp.pad(x, ((0, 0), (K - 1, 0), (0, 0)))\n")
+    return source.replace(old_spec, "pl.BlockSpec((1, T + K - 1, tc)")
+
+
+@pytest.mark.slow
+def test_widths_written_as_expressions_with_one_literal_side() -> None:
+    """`(K - 1, 0)` as fused_21 writes it: the block shrinks by the expression, and the kernel finds the offset from
+    the scratch's and the block's extents (the literal `after` side); the result passes the oracle."""
+    ir = KernelIR.from_source(_causal_with_expression_widths(), str(CAUSAL))
+    assert PadInKernelPass.choices(ir, V5E) == (PadInKernelPass(call=0, operand=0),)
+    new = PadInKernelPass(call=0, operand=0).apply(ir)
+    wrapper = _function(new.source, "causal_conv")
+    assert "pl.BlockSpec((1, (T + K - 1) - (K - 1 + 0), tc)" in wrapper and "xp" not in wrapper
+    kernel = _function(new.source, "_conv_kernel")
+    assert "x_ref.shape[1] - x_ref_unpadded.shape[1] - 0" in kernel
+    (result,) = check_many([new.source], str(CAUSAL))
+    assert result.ok, result.message

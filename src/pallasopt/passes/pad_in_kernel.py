@@ -33,30 +33,71 @@ from ..ir.matchers import (
 )
 from .base import Pass
 
-Pads = tuple[tuple[int, int], ...]
+Width = int | str  # a literal pad width, or the wrapper's expression for it
+Pads = tuple[tuple[Width, Width], ...]
+
+
+def _side(node: cst.BaseExpression) -> Width | None:
+    """One pad width: a literal int (None when negative or not an int), or the expression's text."""
+    try:
+        value = ast.literal_eval(code(node))
+    except (ValueError, SyntaxError):
+        return code(node)
+    return value if isinstance(value, int) and value >= 0 else None
 
 
 def _pad_widths(raw: cst.BaseExpression, ndim: int) -> Pads | None:
-    """`jnp.pad`'s pad_width as one (before, after) per dim, when it is a literal (an int, a pair, or a pair per
-    dim: numpy's broadcasting); None otherwise."""
+    """`jnp.pad`'s pad_width as one (before, after) per dim: a literal (an int, a pair, or a pair per dim: numpy's
+    broadcasting), or a literal tuple of one pair per dim whose sides may be expressions (`(K - 1, 0)`); None
+    otherwise."""
     try:
         value = ast.literal_eval(code(raw))
     except (ValueError, SyntaxError):
-        return None
+        value = None
     if isinstance(value, int):
-        return ((value, value),) * ndim
-    if isinstance(value, tuple | list) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return ((value, value),) * ndim if value >= 0 else None
+    if isinstance(value, tuple | list) and len(value) == 2 and all(isinstance(v, int) and v >= 0 for v in value):
         return ((value[0], value[1]),) * ndim
-    if isinstance(value, tuple | list) and len(value) == ndim:
-        out = []
-        for v in value:
-            if isinstance(v, int):
-                out.append((v, v))
-            elif isinstance(v, tuple | list) and len(v) == 2 and all(isinstance(x, int) for x in v):
-                out.append((v[0], v[1]))
-            else:
+    if not isinstance(raw, cst.Tuple | cst.List) or len(raw.elements) != ndim:
+        return None
+    out: list[tuple[Width, Width]] = []
+    for e in raw.elements:
+        pair = e.value
+        if isinstance(pair, cst.Integer):
+            side = _side(pair)
+            if side is None:
                 return None
-        return tuple(out)
+            out.append((side, side))
+            continue
+        if not isinstance(pair, cst.Tuple | cst.List) or len(pair.elements) != 2:
+            return None
+        lo, hi = _side(pair.elements[0].value), _side(pair.elements[1].value)
+        if lo is None or hi is None:
+            return None
+        out.append((lo, hi))
+    return tuple(out)
+
+
+def _padded(width: tuple[Width, Width]) -> bool:
+    return width != (0, 0)
+
+
+def _shrunk(block: str, width: tuple[Width, Width]) -> str:
+    """The block dim `block` less the pad: `(T + 2) - 2`, `(T + K - 1) - (K - 1 + 0)`."""
+    lo, hi = width
+    if isinstance(lo, int) and isinstance(hi, int):
+        return f"({block}) - {lo + hi}"
+    return f"({block}) - ({lo} + {hi})"
+
+
+def _offset(width: tuple[Width, Width], ref: str, inner: str, k: int) -> str | None:
+    """Where the unpadded block starts in kernel dim `k` of the padded scratch, in the kernel's own terms: the literal
+    `before`, or the scratch's extent less the block's less a literal `after`; None when neither side is literal."""
+    lo, hi = width
+    if isinstance(lo, int):
+        return str(lo)
+    if isinstance(hi, int):
+        return f"{ref}.shape[{k}] - {inner}.shape[{k}] - {hi}"
     return None
 
 
@@ -101,7 +142,7 @@ def _padded_input(loc: Located, node: cst.Call, operand: cst.BaseExpression, op:
     if not positional or widths_node is None or not isinstance(positional[0], cst.Name):
         return None
     widths = _pad_widths(widths_node, len(op.shape))
-    if widths is None or not any(lo or hi for lo, hi in widths) or any(lo < 0 or hi < 0 for lo, hi in widths):
+    if widths is None or not any(_padded(w) for w in widths):
         return None
     return _Site(pad, positional[0].value, widths)
 
@@ -111,8 +152,8 @@ def _whole_padded_dims(op: Operand, widths: Pads) -> bool:
     affine = op.index_map.affine
     if affine is None or not op.is_pipelined or len(affine) != len(op.shape):
         return False
-    for d, (lo, hi) in enumerate(widths):
-        if not (lo or hi):
+    for d, width in enumerate(widths):
+        if not _padded(width):
             continue
         if op.block_shape[d] is None or op.block_shape[d] != op.shape[d] or any(affine[d]):
             return False
@@ -155,7 +196,11 @@ class PadInKernelPass(Pass):
     under the old ref name. The padded copy of `x` no longer goes through HBM (a write and a read of the whole
     array, which the cost model charges to the wrapper); the kernel pays two VMEM stores of the block per step.
 
-    Parameters: `call`, `operand` (input index). Declines for padding other than zeros by literal widths, a padded
+    Widths are a literal (an int, a pair, a pair per dim) or a pair per dim whose sides may be the wrapper's
+    expressions (`(K - 1, 0)`: the block shrinks by `(K - 1 + 0)`, and the kernel finds the offset from the
+    scratch's and the block's extents), one side of each padded dim literal.
+
+    Parameters: `call`, `operand` (input index). Declines for padding other than zeros, other widths, a padded
     dim split over several blocks, a body that stores to the ref, a kernel shared with another call, or a BlockSpec
     whose shape is not a literal tuple written in the wrapper that makes the call.
     """
@@ -197,10 +242,14 @@ class PadInKernelPass(Pass):
         check(site is not None, "the pallas_call is not applied to positional operands in place")
         assert site is not None
         padded = _padded_input(loc, node, site.operands[self.operand], op)
-        check(padded is not None, f"input {self.operand} is not made by jnp.pad(name, literal widths) with zeros")
+        check(padded is not None, f"input {self.operand} is not made by jnp.pad(name, widths) with zeros")
         assert padded is not None
         check(_whole_padded_dims(op, padded.widths), "a padded dim is split over several blocks")
         ref = refs[self.operand]
+        check(
+            all(_offset(w, ref, "x", 0) is not None for w in padded.widths if _padded(w)),
+            "a dim is padded on both sides by widths that are not literal",
+        )
         check(_only_read(kernel, ref), f"the kernel stores to or rebinds {ref}")
         check(not _shared_kernel(loc, ir, facts, kernel), "the kernel function runs in another pallas_call too")
         where, spec = spec_site(loc, node, self.operand, len(facts.operands), len(facts.inputs))
@@ -222,9 +271,7 @@ class PadInKernelPass(Pass):
         shape, _ = blockspec_parts(spec)
         assert isinstance(shape, cst.Tuple)
         texts = [code(e.value) for e in shape.elements]
-        new_dims = [
-            t if not (lo or hi) else f"({t}) - {lo + hi}" for t, (lo, hi) in zip(texts, padded.widths, strict=True)
-        ]
+        new_dims = [_shrunk(t, w) if _padded(w) else t for t, w in zip(texts, padded.widths, strict=True)]
         new_shape = cst.parse_expression(f"({', '.join(new_dims)}{',' if len(new_dims) == 1 else ''})")
         # In place when the list holds the BlockSpec itself; else (a name of a spec other operands may share) the
         # list element becomes a new spec.
@@ -239,9 +286,8 @@ class PadInKernelPass(Pass):
             edits[dead] = cst.RemovalSentinel.REMOVE  # type: ignore[assignment]
         visible = [(t, w) for t, w, b in zip(texts, padded.widths, op.block_shape, strict=True) if b is not None]
         inner = fresh_name(used_names(kernel) | set(kernel_params(kernel)), f"{ref}_unpadded")
-        index = ", ".join(
-            f"{lo}:{lo} + {inner}.shape[{k}]" if lo or hi else ":" for k, (_, (lo, hi)) in enumerate(visible)
-        )
+        offsets = [_offset(w, ref, inner, k) if _padded(w) else None for k, (_, w) in enumerate(visible)]
+        index = ", ".join(":" if o is None else f"{o}:{o} + {inner}.shape[{k}]" for k, o in enumerate(offsets))
         prologue = cst.parse_module(
             f"{ref}[...] = {jnp}.zeros({ref}.shape, {ref}.dtype)\n{ref}[{index}] = {inner}[...]\n"
         ).body
@@ -253,10 +299,11 @@ class PadInKernelPass(Pass):
         except KernelError as e:
             raise PassNotApplicable(f"the rewritten module does not trace: {e.message}") from None
         got = new.calls[self.call]
-        unpadded = tuple(s - lo - hi for s, (lo, hi) in zip(op.shape, padded.widths, strict=True))
+        x = got.inputs[self.operand]
+        whole = all(x.block_shape[d] == x.shape[d] for d, w in enumerate(padded.widths) if _padded(w))
         check(
-            got.inputs[self.operand].shape == unpadded and got.grid == facts.grid,
-            f"the rewrite traced to input shape {got.inputs[self.operand].shape}, grid {got.grid}",
+            whole and got.grid == facts.grid and len(got.scratch) == len(facts.scratch) + 1,
+            f"the rewrite traced to input shape {x.shape}, block {x.block_shape}, grid {got.grid}",
         )
         return new
 
