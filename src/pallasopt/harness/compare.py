@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,16 +158,18 @@ class _Tally:
                 self.row_err, self.row = float(rel[k]), first_row + k
 
 
-def _slices(rows: int, width: int) -> range:
-    return range(0, rows, max(1, COMPARE_CHUNK_ELEMS // max(width, 1)))
+def _slices(rows: np.ndarray) -> Iterator[tuple[int, slice]]:
+    """(first row, rows) of each slice of about COMPARE_CHUNK_ELEMS elements (at least one row) of a 2-D array."""
+    step = max(1, COMPARE_CHUNK_ELEMS // max(rows.shape[1], 1))
+    for i in range(0, rows.shape[0], step):
+        yield i, slice(i, i + step)
 
 
 def _finite_absmax(r_rows: np.ndarray) -> float | None:
     """The largest finite |ref| (None when there is none), read slice by slice."""
     best: float | None = None
-    step = max(1, COMPARE_CHUNK_ELEMS // max(r_rows.shape[1], 1))
-    for i in range(0, r_rows.shape[0], step):
-        r = np.abs(r_rows[i : i + step].astype(np.float64))
+    for _, rows in _slices(r_rows):
+        r = np.abs(r_rows[rows].astype(np.float64))
         r = r[np.isfinite(r)]
         if r.size:
             best = float(r.max()) if best is None else max(best, float(r.max()))
@@ -193,10 +195,8 @@ def compare(index: int, out: Any, ref: Any, tol: Mapping[str, float] | None) -> 
     atol = atol_rel * scale
     width = max(o_rows.shape[-1], 1)
     t = _Tally()
-    for i in _slices(o_rows.shape[0], width):
-        j = i + max(1, COMPARE_CHUNK_ELEMS // width)
-        o, r = o_rows[i:j].astype(np.float64), r_rows[i:j].astype(np.float64)
-        t.add(o, r, i, atol, rtol, atol * math.sqrt(width))
+    for i, rows in _slices(o_rows):
+        t.add(o_rows[rows].astype(np.float64), r_rows[rows].astype(np.float64), i, atol, rtol, atol * math.sqrt(width))
     max_abs = t.max_abs
     max_rel = max_abs / max(absmax if absmax is not None else 1.0, 1e-30) if math.isfinite(max_abs) else math.inf
     ok_rows = t.nonfinite == 0 and not t.ref_nonfinite and o_np.size > 0 and t.any_kept

@@ -305,7 +305,8 @@ def add_scratch(
     loc: Located, call: cst.Call, scratch: Sequence[cst.BaseExpression], edits: dict[cst.CSTNode, cst.CSTNode]
 ) -> None:
     """Append the `scratch` shapes to the call's `scratch_shapes` (adding the keyword when absent), as an entry of `edits`.
-    The edit replaces the holding call or list: make no other edit inside that node in the same `replace_many`."""
+    The edit replaces the holding call or list: make no other edit inside that node in the same `replace_many`, or
+    pass the edits through `nested_into` first."""
     holder, arg = grid_spec_keyword(loc, call, "scratch_shapes")
     check(
         holder is not call or keyword(call, "grid_spec") is None,
@@ -328,3 +329,17 @@ def add_scratch(
         )
         elems.append(cst.Element(s, comma=comma))
     edits[value] = value.with_changes(elements=elems)
+
+
+def nested_into(loc: Located, edits: dict[cst.CSTNode, cst.CSTNode]) -> dict[cst.CSTNode, cst.CSTNode]:
+    """`edits` with each edit inside another edit's node applied to that node's replacement instead (`add_scratch`
+    replaces the whole pallas_call, which holds the BlockSpec edited too; its replacement shares the untouched
+    children, so the inner node is found there by identity)."""
+    out = dict(edits)
+    for inner in list(out):
+        up = loc.parent(inner)
+        while up is not None and up not in out:
+            up = loc.parent(up)
+        if up is not None:
+            out[up] = out[up].deep_replace(inner, out.pop(inner))
+    return out

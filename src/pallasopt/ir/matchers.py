@@ -393,6 +393,15 @@ def blockspec_parts(spec: cst.BaseExpression | None) -> tuple[cst.BaseExpression
 # --- names and grid axes ------------------------------------------------------------------------------------------
 
 
+def bound_in_nested(kernel: cst.FunctionDef, name: str) -> bool:
+    """`name` is a parameter or assignment target of a function nested in the kernel."""
+    for fn in m.findall(kernel.body, m.FunctionDef() | m.Lambda()):
+        params = fn.params  # type: ignore[attr-defined]
+        if any(p.name.value == name for p in params.params):
+            return True
+    return False
+
+
 def used_names(node: cst.CSTNode) -> set[str]:
     return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
 

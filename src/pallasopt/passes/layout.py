@@ -17,6 +17,7 @@ from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     Located,
+    bound_in_nested,
     call_kernel,
     call_site,
     code,
@@ -104,15 +105,6 @@ def transposed_uses(loc: Located, kernel: cst.FunctionDef, ref: str) -> dict[cst
         if not all(isinstance(r, cst.Name) and _transposed_use(loc, r, edits) for r in reads):
             return None
     return edits if uses else None
-
-
-def bound_in_nested(kernel: cst.FunctionDef, name: str) -> bool:
-    """`name` is a parameter or assignment target of a function nested in the kernel."""
-    for fn in m.findall(kernel.body, m.FunctionDef() | m.Lambda()):
-        params = fn.params  # type: ignore[attr-defined]
-        if any(p.name.value == name for p in params.params):
-            return True
-    return False
 
 
 def _candidates(call: CallFacts) -> list[int]:

@@ -13,12 +13,13 @@ import libcst.matchers as m
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import fresh_name
-from ..ir.cst_edit import add_scratch, ensure_pltpu, replace_many
+from ..ir.cst_edit import add_scratch, ensure_pltpu, nested_into, replace_many
 from ..ir.facts import CallFacts, Operand
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     Located,
     blockspec_parts,
+    bound_in_nested,
     call_kernel,
     call_site,
     code,
@@ -90,15 +91,19 @@ def _shrunk(block: str, width: tuple[Width, Width]) -> str:
     return f"({block}) - ({lo} + {hi})"
 
 
-def _offset(width: tuple[Width, Width], ref: str, inner: str, k: int) -> str | None:
+def _locatable(width: tuple[Width, Width]) -> bool:
+    """The kernel can find where the unpadded block starts: one side of the pad is literal (`_offset`)."""
+    return any(isinstance(side, int) for side in width)
+
+
+def _offset(width: tuple[Width, Width], ref: str, inner: str, k: int) -> str:
     """Where the unpadded block starts in kernel dim `k` of the padded scratch, in the kernel's own terms: the literal
-    `before`, or the scratch's extent less the block's less a literal `after`; None when neither side is literal."""
+    `before`, or the scratch's extent less the block's less the literal `after` (`_locatable` widths only)."""
     lo, hi = width
     if isinstance(lo, int):
         return str(lo)
-    if isinstance(hi, int):
-        return f"{ref}.shape[{k}] - {inner}.shape[{k}] - {hi}"
-    return None
+    assert isinstance(hi, int)
+    return f"{ref}.shape[{k}] - {inner}.shape[{k}] - {hi}"
 
 
 def _is_zero_pad(call: cst.Call, jnp: str) -> bool:
@@ -129,7 +134,7 @@ class _Site:
 
 def _padded_input(loc: Located, node: cst.Call, operand: cst.BaseExpression, op: Operand) -> _Site | None:
     """The `jnp.pad` that made `operand` (written in place or assigned to a local name before the call) when it pads
-    with zeros by literal widths, and its array is a plain name; else None."""
+    with zeros by widths `_pad_widths` reads, and its array is a plain name; else None."""
     jnp = jnp_alias(loc.wrapper.module)
     if jnp is None:
         return None
@@ -168,10 +173,7 @@ def _only_read(kernel: cst.FunctionDef, ref: str) -> bool:
             isinstance(lhs, cst.Name) and lhs.value == ref
         ):
             return False
-    for fn in m.findall(kernel.body, m.FunctionDef() | m.Lambda()):
-        if any(p.name.value == ref for p in fn.params.params):  # type: ignore[attr-defined]
-            return False
-    return True
+    return not bound_in_nested(kernel, ref)
 
 
 def _shared_kernel(loc: Located, ir: KernelIR, facts: CallFacts, kernel: cst.FunctionDef) -> bool:
@@ -247,7 +249,7 @@ class PadInKernelPass(Pass):
         check(_whole_padded_dims(op, padded.widths), "a padded dim is split over several blocks")
         ref = refs[self.operand]
         check(
-            all(_offset(w, ref, "x", 0) is not None for w in padded.widths if _padded(w)),
+            all(_locatable(w) for w in padded.widths if _padded(w)),
             "a dim is padded on both sides by widths that are not literal",
         )
         check(_only_read(kernel, ref), f"the kernel stores to or rebinds {ref}")
@@ -285,7 +287,7 @@ class PadInKernelPass(Pass):
         if dead is not None:
             edits[dead] = cst.RemovalSentinel.REMOVE  # type: ignore[assignment]
         visible = [(t, w) for t, w, b in zip(texts, padded.widths, op.block_shape, strict=True) if b is not None]
-        inner = fresh_name(used_names(kernel) | set(kernel_params(kernel)), f"{ref}_unpadded")
+        inner = fresh_name(used_names(kernel), f"{ref}_unpadded")  # parameter names included
         offsets = [_offset(w, ref, inner, k) if _padded(w) else None for k, (_, w) in enumerate(visible)]
         index = ", ".join(":" if o is None else f"{o}:{o} + {inner}.shape[{k}]" for k, o in enumerate(offsets))
         prologue = cst.parse_module(
@@ -295,7 +297,7 @@ class PadInKernelPass(Pass):
         block = ", ".join(t for t, _ in visible) + ("," if len(visible) == 1 else "")
         add_scratch(loc, node, [cst.parse_expression(f"{pltpu}.VMEM(({block}), {padded.source}.dtype)")], edits)
         try:
-            new = ir.with_module(replace_many(loc.wrapper.module, _nested_into(loc, edits)), self.spec())
+            new = ir.with_module(replace_many(loc.wrapper.module, nested_into(loc, edits)), self.spec())
         except KernelError as e:
             raise PassNotApplicable(f"the rewritten module does not trace: {e.message}") from None
         got = new.calls[self.call]
@@ -322,24 +324,6 @@ def _dead_assignment(loc: Located, operand: cst.BaseExpression, pad: cst.Call) -
         return None
     uses = [n for n in m.findall(fn, m.Name(operand.value)) if n is not assign.targets[0].target]
     return line if uses == [operand] else None
-
-
-def _nested_into(loc: Located, edits: dict[cst.CSTNode, cst.CSTNode]) -> dict[cst.CSTNode, cst.CSTNode]:
-    """`edits` with each edit inside another edit's node applied to that node's replacement instead (`add_scratch`
-    replaces the whole pallas_call, which holds the BlockSpec edited too; its replacement shares the untouched
-    children, so the inner node is found there by identity)."""
-    out = dict(edits)
-    for inner in list(out):
-        up = loc.parent(inner)
-        while up is not None and up not in out:
-            up = loc.parent(up)
-        if up is not None:
-            out[up] = out[up].deep_replace(inner, out.pop(inner))
-    return out
-
-
-def kernel_params(kernel: cst.FunctionDef) -> list[str]:
-    return [p.name.value for p in (*kernel.params.params, *kernel.params.kwonly_params)]
 
 
 def _rewritten_kernel(
