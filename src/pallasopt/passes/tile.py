@@ -15,7 +15,7 @@ from ..cost_model.hardware import Chip
 from ..cost_model.roofline import estimate_call, legality_problems, vmem_footprint
 from ..errors import KernelError, PassNotApplicable, UsageError, check
 from ..ir.cst_edit import replace_integers, set_compiler_param
-from ..ir.facts import BodyStats, CallFacts, Operand
+from ..ir.facts import BodyStats, CallFacts, Operand, Scratch
 from ..ir.kernel_ir import KernelIR
 from ..ir.knobs import Knob, discover_knobs, scaled_values
 from .base import Pass
@@ -317,8 +317,33 @@ def predict(
                     grid[a] = g * old // new
                 ratios.append((old, new))
         body = _scaled_body(call.body, ratios) if ratios else call.body
-        out.append(dataclasses.replace(call, grid=tuple(grid), operands=tuple(ops), body=body))
+        scratch = tuple(scaled_scratch(s, call.operands, ops) for s in call.scratch) if ratios else call.scratch
+        out.append(dataclasses.replace(call, grid=tuple(grid), operands=tuple(ops), body=body, scratch=scratch))
     return tuple(out)
+
+
+def scaled_scratch(scratch: Scratch, old_ops: Sequence[Operand], new_ops: Sequence[Operand]) -> Scratch:
+    """A scratch buffer sized like a block (an accumulator `(tm, tn)`, running statistics `(bq, 1)`) follows that
+    block: its dims are matched by position to the block dims (squeezed dims dropped) of the operand of the same rank
+    that agrees on the most dims, outputs first, and each matched dim takes that operand's new/old ratio. A scratch
+    that matches no block (a fixed-size table) keeps its shape."""
+    best: tuple[int, list[int], list[int]] | None = None
+    ranked = sorted(range(len(old_ops)), key=lambda i: old_ops[i].role != "out")
+    for i in ranked:
+        old = [b for b in old_ops[i].block_shape if b is not None]
+        new = [b for b in new_ops[i].block_shape if b is not None]
+        if len(old) != len(scratch.shape) or len(new) != len(old):
+            continue
+        agree = sum(a == b for a, b in zip(scratch.shape, old, strict=True))
+        if agree and (best is None or agree > best[0]):
+            best = (agree, old, new)
+    if best is None:
+        return scratch
+    _, old, new = best
+    shape = tuple(
+        s * n // o if s == o and (s * n) % o == 0 else s for s, o, n in zip(scratch.shape, old, new, strict=True)
+    )
+    return dataclasses.replace(scratch, shape=shape)
 
 
 def _scaled_body(body: BodyStats, ratios: list[tuple[int, int]]) -> BodyStats:
