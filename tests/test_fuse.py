@@ -102,6 +102,7 @@ def test_retile_aligns_a_reduction_consumer_first() -> None:
         ("matmul_colmax", ["fuse{producer=0}", "tile{call=1,ROWS=256},fuse{producer=0,retile=true}"]),
         ("ragged_rowsum", ["fuse{producer=0}"]),
         ("two_producers", ["fuse{producer=1}", "fuse{producer=1},fuse{producer=0}"]),
+        ("helpers_with_keywords", ["fuse{producer=0}"]),
     ],
 )
 def test_fused_kernels_match_the_reference(name: str, recipes: list[str]) -> None:
@@ -127,3 +128,41 @@ def test_fuse_after_online_softmax_keeps_the_producers_blocks_in_names() -> None
     assert "pltpu.VMEM((tm, tn), jnp.float32)" in new.source
     (checked,) = check_many([new.source], str(KERNELS / "matmul_lse_local_blocks.py"), seeds=(0, 1))
     assert checked.ok, checked.message
+
+
+def test_kernels_bound_by_partial_in_helpers_that_take_the_intermediate() -> None:
+    """fused_14's style (and most LLM-written kernels'): each pallas_call in its own helper, kernels bound keywords
+    with functools.partial, the consumer's helper taking the intermediate as a parameter. fuse used to decline
+    ("a kernel is passed through functools.partial", then "cannot find where h is assigned"). The keywords stay
+    keyword-only parameters of the fused kernel (the consumer's `scale` renamed: the producer has one), the helper
+    gains the producer's operands as keywords and keeps the intermediate's shape, which it still reads."""
+    new = run(load("helpers_with_keywords"), "fuse{producer=0}")
+    (fused,) = new.calls
+    assert fused.grid == (2, 4, 2) and [s.shape for s in fused.scratch] == [(128, 128), (128, 128)]
+    src = new.source
+    assert "def _fused_matmul_mean_square(x_ref, w_ref, _o_ref, acc_ref, o_ref, *, scale, steps, _scale=1.0):" in src
+    assert "o_ref[...] = acc_ref[...] * scale" in src and "_o_ref[...] = _o_ref[...] * _scale" in src
+    assert "functools.partial(_fused_matmul_mean_square, scale=SCALE, steps=N // cols, _scale=1.0 / N)," in src
+    assert "def _mean_square(h, rows=128, cols=128, *, x, w):" in src
+    assert "    h = jax.eval_shape(lambda: _matmul(x, w))\n    return _mean_square(h, x=x, w=w)" in src
+    assert "pltpu.VMEM(((128), (128)), jnp.float32)" in src  # the helper's defaults tm, tn: its call passes none
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (("scale=SCALE)", "scale=K / 512)"), "the producer's kernel keyword K / 512 reads names local to its function"),
+        (("def reference(", "def _also(y):\n    return _mean_square(y)\n\n\ndef reference("), "called 2 times"),
+        (
+            ("    h = _matmul(x, w)\n", "    h = _matmul(x, w, 128)\n"),
+            r"scratch pltpu.VMEM\(\(tm, \(128\)\).* reads names local",
+        ),
+    ],
+)
+def test_helper_declines(edit: tuple[str, str], why: str) -> None:
+    path = KERNELS / "helpers_with_keywords.py"
+    text = path.read_text()
+    assert edit[0] in text
+    ir = KernelIR.from_source(text.replace(*edit), str(path))
+    with pytest.raises(PassNotApplicable, match=why):
+        FusePass(producer=0).apply(ir)

@@ -36,15 +36,18 @@ def replace_node(module: cst.Module, old: cst.CSTNode, new: cst.CSTNode) -> cst.
     return out
 
 
+def keyword_arg(name: str, value: cst.BaseExpression) -> cst.Arg:
+    """`name=value` as a call argument, spaced as black writes it."""
+    return cst.Arg(keyword=cst.Name(name), value=value, equal=_EQ)
+
+
 def set_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
     """`call` with keyword `name=value` set (replaced in place, or appended after the last argument)."""
     existing = keyword(call, name)
     if existing is not None:
         return call.with_changes(args=[a.with_changes(value=value) if a is existing else a for a in call.args])
     args = list(call.args)
-    new_arg = cst.Arg(
-        keyword=cst.Name(name), value=value, equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
-    )
+    new_arg = keyword_arg(name, value)
     if args:
         last = args[-1]
         multiline = isinstance(last.comma, cst.Comma) and "\n" in cst.Module([]).code_for_node(last.comma)

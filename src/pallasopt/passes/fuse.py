@@ -12,8 +12,16 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
-from ..ir.builders import affine_results, fresh_name, index_map_expr, rename_names, renumber_program_ids, tuple_expr
-from ..ir.cst_edit import block_text, ensure_pltpu, list_like, portable, replace_many, set_keyword
+from ..ir.builders import (
+    affine_results,
+    fresh_name,
+    index_map_expr,
+    inline_names,
+    rename_names,
+    renumber_program_ids,
+    tuple_expr,
+)
+from ..ir.cst_edit import block_text, ensure_pltpu, keyword_arg, list_like, portable, replace_many, set_keyword
 from ..ir.facts import CallFacts, Operand
 from ..ir.fusion import Link, dataflow, fusable, link, unit_row
 from ..ir.kernel_ir import KernelIR
@@ -63,8 +71,9 @@ class FusePass(Pass):
     call); `retile` (first re-tile the consumer with the tile pass so that it reads the producer's blocks, for a
     consumer that is not elementwise). Declines when a consumer reads blocks of another shape that no tile knob
     aligns, when the output has another reader or is a result, for several producer outputs, manual DMA, scalar
-    prefetch, aliasing, or kernels it cannot read (functools.partial keywords, `*args`, grid_spec=, a pallas_call
-    built in a factory).
+    prefetch, aliasing, or kernels it cannot read (`*args`, **kwargs, a kernel built by an expression other than
+    `functools.partial(fn, keyword=...)`, grid_spec=, a pallas_call built in a factory). Keywords bound through
+    functools.partial stay keyword-only parameters of the fused kernel, bound the same way.
     """
 
     name: ClassVar[str] = "fuse"
@@ -139,16 +148,43 @@ def _fuse(ir: KernelIR, lk: Link) -> cst.Module:
     p_kernel, c_kernel = kernel_function(loc, p_node), kernel_function(loc, c_node)
     check(p_kernel is not None and c_kernel is not None, "cannot find both kernel functions")
     assert p_kernel is not None and c_kernel is not None
-    for node in (p_node, c_node):
-        first = node.args[0].value if node.args else None
-        check(isinstance(first, cst.Name), "a kernel is passed through functools.partial or an expression")
+    p_arg, c_arg = kernel_arg(p_node), kernel_arg(c_node)
     edits: dict[cst.CSTNode, cst.CSTNode] = {}
     fused_name = fresh_name(module_names(module), f"_fused{_suffix(p_kernel)}{_suffix(c_kernel)}")
-    fused = _fused_kernel(lk, p_kernel, c_kernel, fused_name, pl_alias(module))
+    fused, c_bound = _fused_kernel(lk, (p_kernel, p_arg), (c_kernel, c_arg), fused_name, pl_alias(module))
     spaced = fused.with_changes(leading_lines=[cst.EmptyLine()] * 2)
     edits[c_kernel] = cst.FlattenSentinel([c_kernel, spaced])  # type: ignore[assignment]
-    _fused_call(loc, lk, p_node, c_node, fused_name, pltpu, edits)
+    kernel = KernelArg(partial=c_arg.partial or p_arg.partial, keywords=c_bound)
+    _fused_call(loc, lk, p_node, c_node, (fused_name, p_arg, kernel), pltpu, edits)
     return replace_many(loc.wrapper.module, edits)
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """How a pallas_call names its kernel: `fn`, or `functools.partial(fn, kw=value, ...)` (`partial` is the callee
+    as written, `keywords` the bound keyword arguments)."""
+
+    partial: str = ""
+    keywords: tuple[tuple[str, cst.BaseExpression], ...] = ()
+
+
+def kernel_arg(node: cst.Call) -> KernelArg:
+    """The kernel argument of pallas_call `node` (declines anything but a name or a keyword-only partial of one)."""
+    first = node.args[0].value if node.args and node.args[0].keyword is None else None
+    if isinstance(first, cst.Name):
+        return KernelArg()
+    ok = (
+        isinstance(first, cst.Call)
+        and code(first.func).split(".")[-1] == "partial"
+        and bool(first.args)
+        and isinstance(first.args[0].value, cst.Name)
+        and first.args[0].keyword is None
+        and all(a.keyword is not None and not a.star for a in first.args[1:])
+    )
+    check(ok, "a kernel is passed through an expression other than a name or functools.partial(fn, keywords)")
+    assert isinstance(first, cst.Call)
+    keywords = tuple((a.keyword.value, a.value) for a in first.args[1:] if a.keyword is not None)
+    return KernelArg(partial=code(first.func), keywords=keywords)
 
 
 def _suffix(fn: cst.FunctionDef) -> str:
@@ -156,21 +192,37 @@ def _suffix(fn: cst.FunctionDef) -> str:
     return "_" + (name[: -len("_kernel")] if name.endswith("_kernel") else name)
 
 
-def _fused_kernel(lk: Link, pk: cst.FunctionDef, ck: cst.FunctionDef, name: str, pl: str) -> cst.FunctionDef:
-    """`def fused(p_inputs, c_inputs but h, c_outputs, p_scratch, c_scratch, h_block)`: the producer's body with
-    its output ref turned into the last scratch, then the consumer's body on it when the block is finished."""
+def _fused_kernel(
+    lk: Link,
+    producer: tuple[cst.FunctionDef, KernelArg],
+    consumer: tuple[cst.FunctionDef, KernelArg],
+    name: str,
+    pl: str,
+) -> tuple[cst.FunctionDef, tuple[tuple[str, cst.BaseExpression], ...]]:
+    """`def fused(p_inputs, c_inputs but h, c_outputs, p_scratch, c_scratch, h_block, *, p_kw, c_kw)`: the
+    producer's body with its output ref turned into the last scratch, then the consumer's body on it when the block
+    is finished. Keyword-only parameters the calls bind through functools.partial stay keywords (the consumer's
+    renamed where the producer uses the name); returned with the consumer's keywords under their new names."""
     p, c = lk.producer, lk.consumer
+    (pk, p_arg), (ck, c_arg) = producer, consumer
     p_refs, c_refs = kernel_refs(pk), kernel_refs(ck)
     check(p_refs is not None and c_refs is not None, "a kernel takes *args")
     assert p_refs is not None and c_refs is not None
-    for fn, refs, call in ((pk, p_refs, p), (ck, c_refs, c)):
+    for fn, refs, call, arg in ((pk, p_refs, p, p_arg), (ck, c_refs, c, c_arg)):
         check(len(refs) == len(call.operands) + len(call.scratch), f"{fn.name.value}'s parameters do not match refs")
-        check(not fn.params.kwonly_params and fn.params.star_kwarg is None, f"{fn.name.value} takes keywords")
+        check(fn.params.star_kwarg is None, f"{fn.name.value} takes **kwargs")
+        given = {k for k, _ in arg.keywords}
+        kwonly = {q.name.value for q in fn.params.kwonly_params}
+        check(given <= kwonly, f"{fn.name.value} is bound keywords that are not keyword-only: {sorted(given - kwonly)}")
+        unbound = [q.name.value for q in fn.params.kwonly_params if q.default is None and q.name.value not in given]
+        check(not unbound, f"{fn.name.value}'s keywords {unbound} are not bound")
         check(not fn.decorators, f"{fn.name.value} is decorated")
     n_in = len(p.inputs)
     p_out = p_refs[n_in]
-    taken = set(p_refs) | used_names(pk.body)
-    renames = {r: fresh_name(taken | set(c_refs), r) for r in c_refs if r in taken}
+    p_kw = [q.name.value for q in pk.params.kwonly_params]
+    c_kw = [q.name.value for q in ck.params.kwonly_params]
+    taken = set(p_refs) | set(p_kw) | used_names(pk.body)
+    renames = {r: fresh_name(taken | set(c_refs) | set(c_kw), r) for r in (*c_refs, *c_kw) if r in taken}
     h = c_refs[lk.operand]
     renames[h] = p_out  # the consumer reads the producer's finished block
     c_in = [renames.get(r, r) for i, r in enumerate(c_refs[: len(c.inputs)]) if i != lk.operand]
@@ -179,7 +231,9 @@ def _fused_kernel(lk: Link, pk: cst.FunctionDef, ck: cst.FunctionDef, name: str,
     c_body = rename_names(ck.body, renames)
     check(isinstance(c_body, cst.IndentedBlock), f"{ck.name.value}'s body is on one line")
     assert isinstance(c_body, cst.IndentedBlock)
-    leaks = (free_names(c_body) - bound_names(c_body) - set(renames.values())) & (bound_names(pk.body) | set(p_refs))
+    leaks = (free_names(c_body) - bound_names(c_body) - set(renames.values())) & (
+        bound_names(pk.body) | set(p_refs) | set(p_kw)
+    )
     check(not leaks, f"the consumer reads names the producer's body binds: {sorted(leaks)}")
     for body, who in ((pk.body, "producer"), (c_body, "consumer")):
         check(program_id_axes(body) is not None, f"the {who} uses a program_id axis that is not a literal")
@@ -201,10 +255,21 @@ def _fused_kernel(lk: Link, pk: cst.FunctionDef, ck: cst.FunctionDef, name: str,
     stmts: list[Any] = [*hoisted, first, *rest, stub.with_changes(body=c_body, leading_lines=gap)]
     if not last:  # the producer writes each block in one step: run the consumer right after it
         stmts.append(cst.parse_statement(f"{consume}()\n").with_changes(leading_lines=gap))
-    text = f"def {name}({', '.join(params)}):\n    pass\n"
+    keywords = [*_keyword_params(pk, {}), *_keyword_params(ck, renames)]
+    text = f"def {name}({', '.join([*params, *(['*', *keywords] if keywords else [])])}):\n    pass\n"
     shell = cst.parse_statement(text)
     assert isinstance(shell, cst.FunctionDef)
-    return shell.with_changes(body=p_body.with_changes(body=stmts))
+    c_bound = tuple((renames.get(k, k), v) for k, v in c_arg.keywords)
+    return shell.with_changes(body=p_body.with_changes(body=stmts)), c_bound
+
+
+def _keyword_params(fn: cst.FunctionDef, renames: dict[str, str]) -> list[str]:
+    """`fn`'s keyword-only parameters as source (renamed, defaults kept, annotations dropped)."""
+    out = []
+    for q in fn.params.kwonly_params:
+        n = renames.get(q.name.value, q.name.value)
+        out.append(n if q.default is None else f"{n}={code(q.default)}")
+    return out
 
 
 def _hoist_program_ids(body: cst.IndentedBlock, taken: set[str]) -> tuple[cst.IndentedBlock, list[cst.BaseStatement]]:
@@ -255,7 +320,7 @@ def _fused_call(
     lk: Link,
     p_node: cst.Call,
     c_node: cst.Call,
-    kernel: str,
+    kernel: tuple[str, KernelArg, KernelArg],
     pltpu: str,
     edits: dict[cst.CSTNode, cst.CSTNode],
 ) -> None:
@@ -267,7 +332,9 @@ def _fused_call(
     p_site, c_site = call_site(loc, p_node), call_site(loc, c_node)
     check(p_site is not None and c_site is not None, "a pallas_call is not applied to positional operands in place")
     assert p_site is not None and c_site is not None
-    p_ops = _operands_in_consumer_scope(loc, lk, p_site.operands, p_node, c_node, c_site.operands[lk.operand], edits)
+    p_ops, defaults = _operands_in_consumer_scope(
+        loc, lk, p_site.operands, p_node, c_node, c_site.operands[lk.operand], edits
+    )
     c_ops = [o for i, o in enumerate(c_site.operands) if i != lk.operand]
     grid_names = [f"g{i}" for i in range(len(lk.order))]
     p_axis = {a: i for i, a in enumerate(lk.order)}
@@ -300,7 +367,7 @@ def _fused_call(
         _spec(s, like(o), grid_names, axis_of, scope_names, c_block) for s, o in zip(c_outs, c.outputs, strict=True)
     ]
     grid = _grid(loc, lk, p_node, c_node, p_ops, names)
-    scratch = [*_scratch(loc, p_node, p, p_names), *_scratch(loc, c_node, c, scope_names)]
+    scratch = [*_scratch(loc, p_node, p, p_names, defaults), *_scratch(loc, c_node, c, scope_names)]
     out = p.outputs[0]
     p_out_specs = spec_list(loc, p_node, "out_specs")
     if None in out.block_shape:  # squeezed dims: the kernel sees the block without them, and so is the scratch
@@ -318,7 +385,7 @@ def _fused_call(
         "out_specs": out_specs[0] if single_out else list_like(out_arg.value, out_specs),
         "scratch_shapes": list_like(None, scratch),
     }
-    args = [cst.Arg(cst.Name(kernel), comma=c_node.args[0].comma)]
+    args = [cst.Arg(_kernel_expr(kernel, p_names, defaults), comma=c_node.args[0].comma)]
     for a in c_node.args[1:]:
         key = a.keyword.value if a.keyword is not None else None
         if key in DROPPED:
@@ -337,6 +404,25 @@ def _fused_call(
         edits[c_node] = new_call
 
 
+def _kernel_expr(
+    kernel: tuple[str, KernelArg, KernelArg], p_names: set[str], defaults: dict[str, cst.BaseExpression]
+) -> cst.BaseExpression:
+    """The fused call's kernel: the fused function's name, or a functools.partial binding the producer's keywords
+    (their values written with the producer helper's defaults, where they must read no other name of it) and the
+    consumer's."""
+    name, p_arg, c_arg = kernel
+    bound = []
+    for k, v in p_arg.keywords:
+        value = inline_names(v, defaults)
+        check(portable(value, p_names), f"the producer's kernel keyword {code(v)} reads names local to its function")
+        bound.append((k, value))
+    bound += c_arg.keywords
+    if not bound:
+        return cst.Name(name)
+    func = cst.parse_expression(c_arg.partial or p_arg.partial)
+    return cst.Call(func=func, args=[cst.Arg(cst.Name(name)), *(keyword_arg(k, v) for k, v in bound)])
+
+
 def _operands_in_consumer_scope(
     loc: Located,
     lk: Link,
@@ -345,11 +431,18 @@ def _operands_in_consumer_scope(
     c_node: cst.Call,
     h_expr: cst.BaseExpression,
     edits: dict[cst.CSTNode, cst.CSTNode],
-) -> list[cst.BaseExpression]:
-    """The producer's operands as the consumer's function can name them, and the edit that keeps (or drops) the
-    producer's result in the wrapper."""
+) -> tuple[list[cst.BaseExpression], dict[str, cst.BaseExpression]]:
+    """The producer's operands as the consumer's function can name them (with the defaults of the producer helper's
+    parameters its call leaves out), and the edit that keeps (or drops) the producer's result in the wrapper."""
     c_fn, p_fn = enclosing_function(loc, c_node), enclosing_function(loc, p_node)
     value: cst.BaseExpression | None = h_expr
+    if (
+        isinstance(h_expr, cst.Name)
+        and c_fn is not None
+        and c_fn is not p_fn
+        and h_expr.value in {q.name.value for q in c_fn.params.params}
+    ):
+        return _through_parameter(loc, c_fn, h_expr.value, p_fn, p_ops, edits)
     if isinstance(h_expr, cst.Name):
         value = resolve(loc, c_node, h_expr, hops=1)
         check(value is not None, f"cannot find where {h_expr.value} is assigned")
@@ -373,12 +466,22 @@ def _operands_in_consumer_scope(
             value is not None and any(n is p_node for n in _calls_in(value)),
             "the producer's result reaches the consumer through an expression pallasopt cannot follow",
         )
-        return list(p_ops)
+        return list(p_ops), {}
+    return _producer_operands(value, p_fn, p_ops)
+
+
+def _producer_operands(
+    value: cst.BaseExpression | None, p_fn: cst.FunctionDef | None, p_ops: Sequence[cst.BaseExpression]
+) -> tuple[list[cst.BaseExpression], dict[str, cst.BaseExpression]]:
+    """The producer's operands as the caller of its helper function `p_fn` passes them in `value` (`p_fn(x, w)`),
+    and the defaults of the parameters that call leaves out (`tm=128`)."""
     check(
         isinstance(value, cst.Call) and isinstance(value.func, cst.Name),
         "the consumer reads a result it cannot trace back",
     )
-    assert isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and p_fn is not None
+    assert isinstance(value, cst.Call) and isinstance(value.func, cst.Name)
+    check(p_fn is not None, "the producer's pallas_call is not in a function")
+    assert p_fn is not None
     check(
         value.func.value == p_fn.name.value, f"{code(value)} does not call {p_fn.name.value}, the producer's function"
     )
@@ -393,7 +496,63 @@ def _operands_in_consumer_scope(
         )
         assert isinstance(op, cst.Name)
         out.append(binding[op.value])
-    return out
+    left = [*p_fn.params.params[len(value.args) :], *p_fn.params.kwonly_params]
+    return out, {q.name.value: q.default for q in left if q.default is not None}
+
+
+def _through_parameter(
+    loc: Located,
+    c_fn: cst.FunctionDef,
+    h: str,
+    p_fn: cst.FunctionDef | None,
+    p_ops: Sequence[cst.BaseExpression],
+    edits: dict[cst.CSTNode, cst.CSTNode],
+) -> tuple[list[cst.BaseExpression], dict[str, cst.BaseExpression]]:
+    """The consumer sits in a helper that takes the intermediate as parameter `h`, called once as
+    `consumer(producer(x, w))` (or with a name assigned that call). The helper gains keyword-only parameters for the
+    producer's operands, passed at the call site, and `h` becomes the intermediate's shape (`jax.eval_shape`), which
+    is all the helper still reads of it (re-tracing checks that). Returns the new parameters' names and the
+    producer helper's defaults its call leaves out."""
+    module = loc.wrapper.module
+    jax = module_alias(module, "jax")
+    check(jax is not None, "the module does not import jax")
+    sites = [c for c in m.findall(module, m.Call(func=m.Name(c_fn.name.value))) if isinstance(c, cst.Call)]
+    check(len(sites) == 1, f"{c_fn.name.value} is called {len(sites)} times")
+    site = sites[0]
+    names = [q.name.value for q in c_fn.params.params]
+    i = names.index(h)
+    check(
+        all(a.keyword is None and not a.star for a in site.args[: i + 1]) and len(site.args) > i,
+        f"{code(site)} does not pass {h} by position",
+    )
+    arg = site.args[i].value
+    value = resolve(loc, site, arg, hops=1) if isinstance(arg, cst.Name) else arg
+    operands, defaults = _producer_operands(value, p_fn, p_ops)
+    assert value is not None
+    shape = cst.parse_expression(f"{jax}.eval_shape(lambda: {code(value)})")
+    if isinstance(arg, cst.Name):
+        stmt = loc.parent(value)
+        check(isinstance(stmt, cst.Assign), f"{arg.value} is not assigned by a plain `=`")
+        edits[value] = shape
+    taken = used_names(c_fn) | module_names(module)
+    fresh: list[str] = []
+    for op in p_ops:
+        assert isinstance(op, cst.Name)
+        fresh.append(fresh_name(taken | set(fresh), op.value))
+    params = c_fn.params
+    params = params.with_changes(
+        kwonly_params=[*params.kwonly_params, *(cst.Param(cst.Name(n)) for n in fresh)],
+        star_arg=params.star_arg if isinstance(params.star_arg, cst.Param | cst.ParamStar) else cst.ParamStar(),
+    )
+    edits[c_fn.params] = params
+    new_args = [*site.args[:i], site.args[i].with_changes(value=arg if isinstance(arg, cst.Name) else shape)]
+    new_args += [*site.args[i + 1 :]]
+    if new_args[-1].comma is cst.MaybeSentinel.DEFAULT:
+        new_args[-1] = new_args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    new_args += [keyword_arg(n, o) for n, o in zip(fresh, operands, strict=True)]
+    check(site not in edits, f"{code(site)} is edited twice")
+    edits[site] = site.with_changes(args=new_args)
+    return [cst.Name(n) for n in fresh], defaults
 
 
 def _calls_in(expr: cst.CSTNode) -> list[cst.CSTNode]:
@@ -448,14 +607,22 @@ def _extent(
     raise AssertionError
 
 
-def _scratch(loc: Located, node: cst.Call, call: CallFacts, names: set[str]) -> list[cst.BaseExpression]:
+def _scratch(
+    loc: Located,
+    node: cst.Call,
+    call: CallFacts,
+    names: set[str],
+    defaults: dict[str, cst.BaseExpression] | None = None,
+) -> list[cst.BaseExpression]:
+    """The call's scratch_shapes entries, movable to the fused call: reading module names, or names of its helper's
+    parameters that the helper's call leaves at their `defaults` (written as those values)."""
     if not call.scratch:
         return []
     _holder, arg = grid_spec_keyword(loc, node, "scratch_shapes")
     value = resolve(loc, node, arg.value) if arg is not None else None
     check(isinstance(value, cst.List | cst.Tuple), "scratch_shapes is not a literal list")
     assert isinstance(value, cst.List | cst.Tuple)
-    items = [e.value for e in value.elements]
+    items = [inline_names(e.value, defaults or {}) for e in value.elements]
     check(len(items) == len(call.scratch), "scratch_shapes does not list every scratch buffer")
     for s in items:
         check(portable(s, names), f"the scratch {code(s)} reads names local to its function")
