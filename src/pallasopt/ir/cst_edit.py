@@ -41,6 +41,14 @@ def keyword_arg(name: str, value: cst.BaseExpression) -> cst.Arg:
     return cst.Arg(keyword=cst.Name(name), value=value, equal=_EQ)
 
 
+def with_keyword_only(params: cst.Parameters, names: Sequence[str]) -> cst.Parameters:
+    """`params` with keyword-only parameters `names` appended (after a bare `*` when there is no `*args`)."""
+    star = params.star_arg if params.star_arg is not cst.MaybeSentinel.DEFAULT else cst.ParamStar()
+    return params.with_changes(
+        star_arg=star, kwonly_params=[*params.kwonly_params, *(cst.Param(cst.Name(n)) for n in names)]
+    )
+
+
 def set_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
     """`call` with keyword `name=value` set (replaced in place, or appended after the last argument)."""
     existing = keyword(call, name)

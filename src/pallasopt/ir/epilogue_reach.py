@@ -12,6 +12,7 @@ import libcst.matchers as m
 
 from ..errors import PassNotApplicable, check
 from .builders import fresh_name, substitute
+from .cst_edit import keyword_arg, with_keyword_only
 from .epilogue import Epilogue, find_epilogue, follow, leaves, settings
 from .matchers import (
     Located,
@@ -24,8 +25,6 @@ from .matchers import (
     partial_aliases,
     used_names,
 )
-
-_NO_SPACE = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 
 @dataclass(frozen=True)
@@ -212,11 +211,7 @@ def _move(loc: Located, helper: cst.FunctionDef, ret: cst.Return, site: cst.Call
     body = helper.body
     assert isinstance(body, cst.IndentedBlock)
     new_body = body.with_changes(body=[*body.body[:-1], *stmts])
-    params = helper.params
-    star = params.star_arg if params.star_arg is not cst.MaybeSentinel.DEFAULT else cst.ParamStar()
-    kwonly = [*params.kwonly_params, *(cst.Param(cst.Name(n)) for n in ops)]
-    new_params = params.with_changes(star_arg=star, kwonly_params=kwonly)
-    new_helper = helper.with_changes(params=new_params, body=new_body)
+    new_helper = helper.with_changes(params=with_keyword_only(helper.params, ops), body=new_body)
     if target is not None:
         new_helper = new_helper.with_changes(name=cst.Name(target))
 
@@ -227,7 +222,7 @@ def _move(loc: Located, helper: cst.FunctionDef, ret: cst.Return, site: cst.Call
     assert isinstance(fbody, cst.IndentedBlock)
     new_site = site.with_changes(
         func=cst.Name(target) if target is not None else site.func,
-        args=[*site.args, *(cst.Arg(cst.Name(n), keyword=cst.Name(n), equal=_NO_SPACE) for n in ops)],
+        args=[*site.args, *(keyword_arg(n, cst.Name(n)) for n in ops)],
     )
     edits: dict[cst.CSTNode, cst.CSTNode] = {}
     for r in epi.regions:

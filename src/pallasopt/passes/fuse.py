@@ -21,7 +21,16 @@ from ..ir.builders import (
     renumber_program_ids,
     tuple_expr,
 )
-from ..ir.cst_edit import block_text, ensure_pltpu, keyword_arg, list_like, portable, replace_many, set_keyword
+from ..ir.cst_edit import (
+    block_text,
+    ensure_pltpu,
+    keyword_arg,
+    list_like,
+    portable,
+    replace_many,
+    set_keyword,
+    with_keyword_only,
+)
 from ..ir.facts import CallFacts, Operand
 from ..ir.fusion import Link, dataflow, fusable, link, unit_row
 from ..ir.kernel_ir import KernelIR
@@ -37,6 +46,7 @@ from ..ir.matchers import (
     free_names,
     grid_spec_keyword,
     is_blockspec,
+    is_call_to,
     kernel_function,
     kernel_refs,
     keyword,
@@ -175,7 +185,7 @@ def kernel_arg(node: cst.Call) -> KernelArg:
         return KernelArg()
     ok = (
         isinstance(first, cst.Call)
-        and code(first.func).split(".")[-1] == "partial"
+        and is_call_to(first, "partial")
         and bool(first.args)
         and isinstance(first.args[0].value, cst.Name)
         and first.args[0].keyword is None
@@ -451,6 +461,7 @@ def _operands_in_consumer_scope(
         check(isinstance(stmt_parent, cst.Assign), f"{h_expr.value} is not assigned by a plain `=`")
         jax = module_alias(loc.wrapper.module, "jax")
         check(jax is not None, "the module does not import jax")
+        assert jax is not None
         # The wrapper may still read the intermediate's shape (`M, N = h.shape`): keep it as a shape, computed
         # without running anything.
         fn = enclosing_function(loc, c_node)
@@ -459,7 +470,7 @@ def _operands_in_consumer_scope(
         if len(reads) == 1 and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
             edits[line] = cst.RemovalSentinel.REMOVE  # type: ignore[assignment]  # nothing else reads it
         else:
-            edits[value] = cst.parse_expression(f"{jax}.eval_shape(lambda: {code(value)})")
+            edits[value] = _shape_of(jax, value)
     # `value` is the producer's application, or a call of the helper function that returns it.
     if p_fn is c_fn:
         check(
@@ -516,6 +527,7 @@ def _through_parameter(
     module = loc.wrapper.module
     jax = module_alias(module, "jax")
     check(jax is not None, "the module does not import jax")
+    assert jax is not None
     sites = [c for c in m.findall(module, m.Call(func=m.Name(c_fn.name.value))) if isinstance(c, cst.Call)]
     check(len(sites) == 1, f"{c_fn.name.value} is called {len(sites)} times")
     site = sites[0]
@@ -529,7 +541,7 @@ def _through_parameter(
     value = resolve(loc, site, arg, hops=1) if isinstance(arg, cst.Name) else arg
     operands, defaults = _producer_operands(value, p_fn, p_ops)
     assert value is not None
-    shape = cst.parse_expression(f"{jax}.eval_shape(lambda: {code(value)})")
+    shape = _shape_of(jax, value)
     if isinstance(arg, cst.Name):
         stmt = loc.parent(value)
         check(isinstance(stmt, cst.Assign), f"{arg.value} is not assigned by a plain `=`")
@@ -539,12 +551,7 @@ def _through_parameter(
     for op in p_ops:
         assert isinstance(op, cst.Name)
         fresh.append(fresh_name(taken | set(fresh), op.value))
-    params = c_fn.params
-    params = params.with_changes(
-        kwonly_params=[*params.kwonly_params, *(cst.Param(cst.Name(n)) for n in fresh)],
-        star_arg=params.star_arg if isinstance(params.star_arg, cst.Param | cst.ParamStar) else cst.ParamStar(),
-    )
-    edits[c_fn.params] = params
+    edits[c_fn.params] = with_keyword_only(c_fn.params, fresh)
     new_args = [*site.args[:i], site.args[i].with_changes(value=arg if isinstance(arg, cst.Name) else shape)]
     new_args += [*site.args[i + 1 :]]
     if new_args[-1].comma is cst.MaybeSentinel.DEFAULT:
@@ -553,6 +560,11 @@ def _through_parameter(
     check(site not in edits, f"{code(site)} is edited twice")
     edits[site] = site.with_changes(args=new_args)
     return [cst.Name(n) for n in fresh], defaults
+
+
+def _shape_of(jax: str, value: cst.BaseExpression) -> cst.BaseExpression:
+    """`jax.eval_shape(lambda: value)`: the intermediate's shape and dtype, computed without running anything."""
+    return cst.parse_expression(f"{jax}.eval_shape(lambda: {code(value)})")
 
 
 def _calls_in(expr: cst.CSTNode) -> list[cst.CSTNode]:
