@@ -71,21 +71,28 @@ def test_check_work_grows_with_the_blocks_and_is_priced_in_seconds() -> None:
     assert big_blocks * INTERPRET_S_PER_ELEMENT_STEP < 30.0
 
 
-def test_a_bigger_block_grows_check_dims_from_the_modules_own() -> None:
+def test_a_bigger_block_grows_check_dims_from_the_modules_own(monkeypatch) -> None:
     """Where a candidate's blocks no longer fit the module's CHECK_DIMS, the oracle grows CHECK_DIMS until they do,
     never under them: gather-widen{k=8} on the bench's paged attention needs 16 pages per sequence, and gets
     max_len 256 with the author's head size and page size; stepping down from the defaults instead gave D = 16 and
-    2-token pages (a check 2.5x the work, and not the shapes the author chose to check)."""
+    2-token pages (a check 2.5x the work, and not the shapes the author chose to check). Stepping down never even
+    traces a dim under CHECK_DIMS (each such trace builds the page table again: 0.4 s)."""
     from conftest import ROOT
 
+    from pallasopt.harness import check_dims
     from pallasopt.ir.kernel_ir import KernelIR
     from pallasopt.passes.gather_widen import GatherWidenPass
 
     ir = KernelIR.from_file(ROOT / "bench" / "kernels" / "llm_paged_attention.py")
     new = GatherWidenPass(k=8).apply(ir)
     assert new.workload is not None and ir.workload is not None and ir.workload.check_dims is not None
+    traced: list[dict[str, int]] = []
+    real = check_dims.trace_calls
+    monkeypatch.setattr(check_dims, "trace_calls", lambda w, d=None: traced.append(dict(d or {})) or real(w, d))
     dims = derive_check_dims(new.workload, new.calls)
     assert dims == {**ir.workload.dims, **ir.workload.check_dims, "max_len": 256}, dims
+    floor = ir.workload.check_dims
+    assert traced and all(d[n] >= v for d in traced for n, v in floor.items()), traced
     assert check_work(new.workload, new.calls) < 4 * check_work(ir.workload, ir.calls)
 
 

@@ -11,6 +11,7 @@ import functools
 
 import numpy as np
 import pytest
+from conftest import TEST_KERNELS
 
 from pallasopt.cost_model.hardware import get_chip
 from pallasopt.cost_model.roofline import estimate_call
@@ -381,3 +382,22 @@ def test_a_run_time_grid_extent_is_materialized_and_the_tables_follow_it() -> No
     assert call.prefetch is not None
     np.testing.assert_array_equal(call.prefetch[0], [0, 2, 3, 6, 0, 0, 0, 0])  # the table, not the extent
     assert fetches(call)["in0"] == (4, "data")
+
+
+def test_tables_are_cached_by_the_ops_they_need_not_by_every_input_shape(monkeypatch) -> None:
+    """A dim that changes only float inputs (the head size D of a paged decode) leaves the page-table program as it
+    was: `make_inputs` is traced whole, so before `_pruned` the float inputs' shapes were in the cache key and each
+    such dim set compiled the table program again (paged attention's check-dim derivation: 0.4 s a trace). A dim the
+    table depends on (the batch) still gets its own values."""
+    from pallasopt.ir import prefetch
+    from pallasopt.ir.trace import trace_calls
+
+    monkeypatch.setattr(prefetch, "_VALUES", type(prefetch._VALUES)())
+    ir = KernelIR.from_file(TEST_KERNELS / "gather" / "paged_decode.py")
+    assert ir.workload is not None and ir.calls[0].prefetch is not None
+    n = len(prefetch._VALUES)
+    (wider,) = trace_calls(ir.workload, {**ir.dims, "D": 256, "Hq": 8})
+    assert len(prefetch._VALUES) == n and wider.prefetch is not None
+    assert all((x == y).all() for x, y in zip(wider.prefetch, ir.calls[0].prefetch, strict=True))
+    (batch,) = trace_calls(ir.workload, {**ir.dims, "B": 4})
+    assert len(prefetch._VALUES) == n + 1 and batch.prefetch is not None and batch.prefetch[1].shape[0] == 4
