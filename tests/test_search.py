@@ -371,8 +371,10 @@ def test_a_check_that_cannot_end_in_the_budget_is_not_started_and_the_next_is(ma
             super().__init__()
             self.heavy_bm = heavy_bm
             self.checked: list[int] = []
+            self.foreseen = 0
 
         def check_work(self, ir: KernelIR, seeds: tuple[int, ...]) -> int:
+            self.foreseen += 1
             return int(huge) if self.bm(ir) == self.heavy_bm else 1000
 
         def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
@@ -391,6 +393,8 @@ def test_a_check_that_cannot_end_in_the_budget_is_not_started_and_the_next_is(ma
     assert passed_over and all(FakeTiers.bm(n.ir) == heavy for n in passed_over)
     assert "foreseen at 1010 s" in passed_over[0].skipped and passed_over[0].skipped.startswith(UNVERIFIABLE)
     assert "compiler" not in passed_over[0].results
+    # the foresight is on the ledger under its own name, once per candidate foreseen (and the baseline)
+    assert tiers.foreseen >= 2 and out.spend["foresight"].candidates == tiers.foreseen
     clock.now = 0.0
     free = WorkTiers(heavy)
     assert FakeTiers.bm(run(matmul_ir, free, depth=1).best.ir) == heavy and heavy in free.checked

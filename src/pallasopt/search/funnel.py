@@ -475,7 +475,7 @@ class Funnel:
             fn = getattr(self.evaluator, "check_work", None)
             t0 = self.clock()
             self._work[n.digest] = fn(_ir(n), self.seeds) if callable(fn) else None
-            self.ledger.add("passes", self.clock() - t0, 0)
+            self.ledger.add("foresight", self.clock() - t0, int(callable(fn)))
         return self._work[n.digest]
 
     def restore(self, nodes: Sequence[Node]) -> None:

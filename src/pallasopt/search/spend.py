@@ -1,5 +1,8 @@
-"""How a search spent its time: seconds and evaluations per tier (model, compiler, check, hardware), and in the
-passes ("passes": choosing, applying and re-tracing candidates; its count is the candidates tried).
+"""How a search spent its time: seconds and evaluations per tier (model, compiler, check, hardware), in the
+passes ("passes": choosing, applying and re-tracing candidates; its count is the candidates tried), and foreseeing
+checks ("foresight": deriving the check dims of a candidate to price its check before it is compiled; its count is
+the candidates foreseen). Until 2026-12-04 the foresight was counted under "passes", where it read as slow
+rewrites: llm_paged_attention's 53 s of "passes" in the 2026-12-03 bench were mostly foresight.
 
 Seconds are summed over evaluations, so with `--jobs 2` they can add up to more than the wall time. Evaluations
 served from the kernel database count too (at the seconds it took to read them). Evaluations the funnel skipped
@@ -14,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
-TIERS = ("passes", "model", "compiler", "check", "hardware")
+TIERS = ("passes", "foresight", "model", "compiler", "check", "hardware")
 SKIPPED = "skipped-"  # prefix of the ledger's entries for skipped evaluations: "skipped-compiler", "skipped-check"
 T = TypeVar("T")
 P = ParamSpec("P")
