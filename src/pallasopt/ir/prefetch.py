@@ -174,11 +174,8 @@ def _pruned(closed: Any) -> Any:
     bench budget on 2026-12-04) where the page table depends on three dims."""
     from jax._src.interpreters.partial_eval import dce_jaxpr  # JAX's own dead-code elimination (private API)
 
-    jaxpr, used_inputs = dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
-    if any(used_inputs):  # `run` takes no arguments: nothing to drop there
-        return closed
-    consts = [c for v, c in zip(closed.jaxpr.constvars, closed.consts, strict=True) if v in set(jaxpr.constvars)]
-    return jax.extend.core.ClosedJaxpr(jaxpr, consts)
+    jaxpr, _ = dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))  # keeps the constvars as they are
+    return jax.extend.core.ClosedJaxpr(jaxpr, closed.consts)
 
 
 VALUES_CACHE = 64  # programs whose values are kept, least recently used dropped (a few integer tables each)
