@@ -326,14 +326,14 @@ def wrap_dim_sites(source: str, sites: list[tuple[int, int, int, str]]) -> str:
     return "".join(lines)
 
 
-def _parse(source: str, path: str) -> ast.Module:
+def parse_source(source: str, path: str) -> ast.Module:
     try:
         return parse_module(source, filename=path)
     except SyntaxError as e:
         raise KernelError(f"syntax error: {e.msg}", path=path, line=e.lineno, hint="fix the Python syntax") from None
 
 
-def _top_names(tree: ast.Module) -> dict[str, ast.stmt]:
+def top_names(tree: ast.Module) -> dict[str, ast.stmt]:
     out: dict[str, ast.stmt] = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -349,7 +349,7 @@ def _require(
     tree: ast.Module, path: str, needed: Mapping[str, str], fmt: str, other: tuple[str, str, str] | None = None
 ) -> None:
     """Each needed top-level name exists, else a one-line error (which names a look-alike of the other suite)."""
-    names = _top_names(tree)
+    names = top_names(tree)
     for name, what in needed.items():
         if name not in names:
             looks_other = other is not None and other[0] in names and other[1] in names

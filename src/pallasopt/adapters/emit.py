@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from ..errors import KernelError
-from ._common import SuiteWorkload, _parse, _top_names
+from ._common import SuiteWorkload, parse_source, top_names
 from .kernel_source import KernelCode
 
 # ---------------------------------------------------------------- the kernel-module template
@@ -200,7 +200,7 @@ def to_kernel_module(
     """The kernel module pallasopt optimizes: the kernel's code verbatim, then a generated harness around the task.
 
     `kind` is how the kernel is called (`kernel_kind`); `fixed` lists the API-drift rewrites made to the code."""
-    clash = [n for n in _GENERATED if n in _top_names(_parse(kernel.code, kernel.path))]
+    clash = [n for n in _GENERATED if n in top_names(parse_source(kernel.code, kernel.path))]
     if clash:
         raise KernelError(
             f"the kernel defines {', '.join(clash)}, which the generated harness needs",

@@ -13,7 +13,7 @@ import jax
 
 from ..errors import ExitCode, KernelError, UsageError, UserError
 from ..workload import exec_module, read_file
-from ._common import SuiteWorkload, _parse, _top_names
+from ._common import SuiteWorkload, parse_source, top_names
 from .emit import ENTRY_NAME, to_kernel_module, to_kernel_module_template
 from .kernel_source import KernelCode, drift_error, extract_code, find_drift, fix_api
 from .tasks import FORMATS, Task, kernel_kind, load_task, locate
@@ -85,7 +85,7 @@ def _shapes(structs: Any) -> list[str]:
 def _input_mismatch(kernel: KernelCode, sw: SuiteWorkload) -> KernelError | None:
     """When a kernel file ships its own `create_inputs` (JAXBench's optimized.py does) and it builds other shapes
     than the task's builder, that is why the kernel fails on the task's inputs: say so instead of the trace error."""
-    if "create_inputs" not in _top_names(_parse(kernel.code, kernel.path)):
+    if "create_inputs" not in top_names(parse_source(kernel.code, kernel.path)):
         return None
     try:
         own = jax.eval_shape(lambda: exec_module(kernel.code, kernel.path).create_inputs())

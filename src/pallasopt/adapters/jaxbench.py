@@ -16,10 +16,10 @@ from ._common import (
     _finish,
     _is_dim,
     _module_global,
-    _parse,
     _positional_names,
     _require,
     _seeded_from,
+    parse_source,
 )
 
 JAXBENCH_TOLERANCE = {"rtol": 1e-2, "atol": 1e-2}  # JAXBench/harness/correctness.py per its README
@@ -61,7 +61,9 @@ def jaxbench_from_source(
 ) -> SuiteWorkload:
     """Load a JAXBench workload given as source text (`path` labels tracebacks and errors)."""
     needed = {"CONFIG": "the sizes dict", "create_inputs": "the input builder", "workload": "the reference"}
-    _require(_parse(source, path), path, needed, "JAXBench workload file", ("get_inputs", "computation", "MaxKernel"))
+    _require(
+        parse_source(source, path), path, needed, "JAXBench workload file", ("get_inputs", "computation", "MaxKernel")
+    )
     module = exec_module(source, path)
     config = module.CONFIG
     if not isinstance(config, dict):
@@ -107,7 +109,7 @@ def jaxbench_from_source(
 
 
 def _jaxbench_hand(source: str, path: str, dims: Mapping[str, int]) -> Call:
-    _require(_parse(source, path), path, {"workload": "the kernel"}, "JAXBench kernel file")
+    _require(parse_source(source, path), path, {"workload": "the kernel"}, "JAXBench kernel file")
     hand = exec_module(source, path)
 
     def call(args: tuple[Any, ...], cfg: dict[str, Any]) -> Any:

@@ -37,10 +37,10 @@ from ._common import (
     _Bridge,
     _finish,
     _is_dim,
-    _parse,
     _require,
     _seeded_from,
-    _top_names,
+    parse_source,
+    top_names,
     wrap_dim_sites,
 )
 
@@ -89,7 +89,7 @@ def module_dims(tree: ast.Module) -> tuple[dict[str, int], list[tuple[int, int, 
 def inline_dims(tree: ast.Module) -> tuple[dict[str, int], list[tuple[int, int, int, str]]]:
     """Sizes written inline in ``get_inputs``'s shape tuples (``x = uniform(key, (16, 32, 64))``): named
     ``<var>_<axis>`` (x_0, x_1, x_2). 19 of JAXBench's KernelBench tasks have no module-level sizes, only these."""
-    func = _top_names(tree).get("get_inputs")
+    func = top_names(tree).get("get_inputs")
     dims: dict[str, int] = {}
     sites: list[tuple[int, int, int, str]] = []
     if not isinstance(func, ast.FunctionDef):
@@ -146,7 +146,7 @@ def random_param(key: Any, name: str, s: jax.ShapeDtypeStruct) -> jax.Array:
 
 def kernelbench_from_source(source: str, path: str, *, name: str | None = None, survey: bool = True) -> SuiteWorkload:
     """Load a KernelBench-style task given as source text (`path` labels tracebacks and errors)."""
-    tree = _parse(source, path)
+    tree = parse_source(source, path)
     needed = {"Model": "the reference model", "get_inputs": "the input builder", "get_init_inputs": "Model's args"}
     _require(tree, path, needed, "KernelBench task file", ("CONFIG", "workload", "JAXBench workload"))
     dims, sites = module_dims(tree)
@@ -228,7 +228,7 @@ def _same_shape(own: dict[str, Any], value: Any, taken: list[str]) -> str | None
 
 
 def _forward_line(tree: ast.Module) -> int:
-    model = _top_names(tree)["Model"]
+    model = top_names(tree)["Model"]
     if isinstance(model, ast.ClassDef):
         for node in model.body:
             if isinstance(node, ast.FunctionDef) and node.name == "forward":
@@ -239,7 +239,7 @@ def _forward_line(tree: ast.Module) -> int:
 
 def _arg_names(tree: ast.Module, bridge: _Bridge, path: str, line: int) -> list[str]:
     """forward's parameter names for the array inputs, then the parameter attribute names."""
-    model = _top_names(tree)["Model"]
+    model = top_names(tree)["Model"]
     fwd = next((n for n in getattr(model, "body", []) if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
     if fwd is None:
         raise KernelError("Model has no `forward` method", path=path, line=line, hint="define Model.forward")

@@ -18,12 +18,12 @@ from ._common import (
     _finish,
     _is_dim,
     _module_global,
-    _parse,
     _positional_names,
     _require,
     _seeded_from,
-    _top_names,
     _with_notes,
+    parse_source,
+    top_names,
     wrap_dim_sites,
 )
 
@@ -71,7 +71,7 @@ def _defines_computation(path: Path) -> bool:
         tree = parse_module(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
         return False
-    return "computation" in _top_names(tree)
+    return "computation" in top_names(tree)
 
 
 def _literal_dims(func: ast.FunctionDef) -> tuple[dict[str, int], list[tuple[int, int, int, str]]]:
@@ -119,10 +119,10 @@ def maxkernel_from_source(
     survey: bool = True,
 ) -> SuiteWorkload:
     """Load a MaxKernel ``reference.py`` given as source text (`path` labels tracebacks and errors)."""
-    tree = _parse(source, path)
+    tree = parse_source(source, path)
     needed = {"get_inputs": "the input builder", "computation": "the reference"}
     _require(tree, path, needed, "MaxKernel reference.py", ("create_inputs", "workload", "JAXBench workload"))
-    func = _top_names(tree)["get_inputs"]
+    func = top_names(tree)["get_inputs"]
     if not isinstance(func, ast.FunctionDef):
         raise KernelError("`get_inputs` is not a function", path=path, line=func.lineno)
     dims, sites = _literal_dims(func)
@@ -145,7 +145,7 @@ def maxkernel_from_source(
     hand_call, hpath = None, None
     if hand_tuned_source is not None:
         hpath = hand_tuned_path or str(Path(path).with_name("kernel.py"))
-        _require(_parse(hand_tuned_source, hpath), hpath, {"computation": "the kernel"}, "kernel file")
+        _require(parse_source(hand_tuned_source, hpath), hpath, {"computation": "the kernel"}, "kernel file")
         hand_mod = exec_module(hand_tuned_source, hpath)
 
         def hand_call(args: tuple[Any, ...], params: dict[str, Any]) -> Any:
@@ -197,7 +197,7 @@ def case_count(source: str, path: str, dtype: str | None = None) -> int:
     """How many (dynamic_args, static_args) cases the task's ``get_inputs`` returns (built abstractly)."""
     import jax
 
-    func = _top_names(_parse(source, path)).get("get_inputs")
+    func = top_names(parse_source(source, path)).get("get_inputs")
     module = exec_module(source, path)
     counts: list[int] = []
 

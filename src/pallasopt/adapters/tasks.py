@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import KernelError, UsageError
 from ..workload import read_file
-from ._common import SuiteWorkload, _parse, _top_names
+from ._common import SuiteWorkload, parse_source, top_names
 from .jaxbench import jaxbench_from_source
 from .kernelbench import kernelbench_from_source
 from .maxkernel import maxkernel_from_source
@@ -28,7 +28,7 @@ class Task:
 
 def format_of_source(source: str, path: str) -> str | None:
     """The suite format a module's top-level names say it is (None: none of them)."""
-    names = _top_names(_parse(source, path))
+    names = top_names(parse_source(source, path))
     if "Model" in names and "get_inputs" in names and "get_init_inputs" in names:
         return "kernelbench"
     if "create_inputs" in names and "workload" in names:
@@ -40,7 +40,7 @@ def format_of_source(source: str, path: str) -> str | None:
 
 def kernel_kind(source: str, path: str) -> str:
     """How a kernel module is called: ``model`` (Model.forward), ``workload`` or ``computation``."""
-    names = _top_names(_parse(source, path))
+    names = top_names(parse_source(source, path))
     if isinstance(names.get("Model"), ast.ClassDef):
         return "model"
     for kind in ("workload", "computation"):

@@ -60,7 +60,7 @@ def xla_work(rep: Any) -> tuple[float, float]:
     return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
-def _versions() -> dict[str, str]:
+def versions() -> dict[str, str]:
     import importlib.metadata as md
 
     import jax
@@ -98,7 +98,7 @@ class CompilerEstimator:
                 self.cache = json.loads(cache_path.read_text())
             except (OSError, json.JSONDecodeError):
                 self.cache = {}
-        self.versions = _versions()
+        self.versions = versions()
 
     def __call__(self, ir: KernelIR, fn: str) -> Estimate:
         key_src = [ESTIMATE_VERSION, ir.digest, fn, dict(ir.dims), self.chip.name, self.versions, self.direct_limit_s]

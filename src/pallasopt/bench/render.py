@@ -12,14 +12,14 @@ from .rows import Row, effective_speedup, summarize
 TIER_TAG = {"model": "M", "compiler": "C", "hardware": "H"}
 
 
-def _t(t: float | None, tier: str = "") -> str:
+def fmt_time(t: float | None, tier: str = "") -> str:
     if t is None:
         return "-"
     text = f"{t * 1e3:.3f} ms" if t >= 1e-4 else f"{t * 1e6:.1f} us"
     return f"{text} [{TIER_TAG.get(tier, tier)}]" if tier else text
 
 
-def _x(v: float | None) -> str:
+def fmt_ratio(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
@@ -31,33 +31,36 @@ def summary_lines(s: Mapping[str, Any]) -> list[tuple[str, str]]:
     fp = ", ".join(f"fast_{p} {_pct(v)}" for p, v in s["fast_p"].items())
     return [
         ("correct (final oracle verdict)", f"{s['correct']}/{s['kernels']}"),
-        ("geomean speedup over the naive kernel (unclipped)", _x(s["geomean_speedup"])),
-        ("geomean speedup, each clipped at >= 1x (MaxKernel)", _x(s["geomean_speedup_clipped"])),
+        ("geomean speedup over the naive kernel (unclipped)", fmt_ratio(s["geomean_speedup"])),
+        ("geomean speedup, each clipped at >= 1x (MaxKernel)", fmt_ratio(s["geomean_speedup_clipped"])),
         ("fast_p (correct and faster than p x)", fp),
         (
             f"geomean vs XLA reference ({s['vs_xla_kernels']} kernels)",
-            f"{_x(s['vs_xla_geomean'])}; faster than XLA on {s['beats_xla']}/{s['vs_xla_kernels']}",
+            f"{fmt_ratio(s['vs_xla_geomean'])}; faster than XLA on {s['beats_xla']}/{s['vs_xla_kernels']}",
         ),
         (
             f"geomean vs XLA reference of the input kernels ({s.get('baseline_vs_xla_kernels', 0)} kernels)",
-            _x(s.get("baseline_vs_xla_geomean")),
+            fmt_ratio(s.get("baseline_vs_xla_geomean")),
         ),
         *(
             [
                 (
                     f"suite's own record: XLA / its kernel ({s['suite_speedup_kernels']} kernels)",
-                    _x(s["suite_speedup_geomean"]),
+                    fmt_ratio(s["suite_speedup_geomean"]),
                 )
             ]
             if s.get("suite_speedup_kernels")
             else []
         ),
-        (f"geomean hand-tuned time / best time ({s['hand_tuned_kernels']} kernels)", _x(s["frac_hand_tuned_geomean"])),
+        (
+            f"geomean hand-tuned time / best time ({s['hand_tuned_kernels']} kernels)",
+            fmt_ratio(s["frac_hand_tuned_geomean"]),
+        ),
         ("search crashes", str(s["errors"])),
         ("tiers of the speedups", ", ".join(f"{k or '-'}: {v}" for k, v in s["tiers"].items()) or "-"),
         ("search wall / estimate wall", f"{s['search_wall_s']:.0f} s / {s['estimate_wall_s']:.0f} s"),
         ("candidates evaluated", str(s["candidates"])),
-        ("suite time baseline -> best", f"{_t(s['baseline_total_s'])} -> {_t(s['best_total_s'])}"),
+        ("suite time baseline -> best", f"{fmt_time(s['baseline_total_s'])} -> {fmt_time(s['best_total_s'])}"),
     ]
 
 
@@ -89,13 +92,13 @@ def render_markdown(rows: Sequence[Row], summary: Mapping[str, Any], meta: Mappi
         cells = [
             f"`{r.kernel}`",
             verdict,
-            _t(r.baseline_s, r.tier),
-            _t(r.best_s, r.tier),
-            _x(r.speedup if not r.error else None),
-            _t(r.xla.time_s, r.xla.tier) if r.xla else "-",
-            _x(r.vs_xla),
-            _t(ht.time_s, ht.tier) if ht else "n/a",
-            _x(r.frac_hand_tuned),
+            fmt_time(r.baseline_s, r.tier),
+            fmt_time(r.best_s, r.tier),
+            fmt_ratio(r.speedup if not r.error else None),
+            fmt_time(r.xla.time_s, r.xla.tier) if r.xla else "-",
+            fmt_ratio(r.vs_xla),
+            fmt_time(ht.time_s, ht.tier) if ht else "n/a",
+            fmt_ratio(r.frac_hand_tuned),
             f"`{','.join(r.recipe)}`" if r.recipe else "-",
             f"{r.wall_s:.0f}",
             "; ".join(n for n in notes if n)[:200],
@@ -119,9 +122,9 @@ def render_markdown(rows: Sequence[Row], summary: Mapping[str, Any], meta: Mappi
                 f"`{r.kernel}`",
                 f"{o} ms" if o is not None else "-",
                 f"{g} ms" if g is not None else "-",
-                _x(r.suite_speedup),
-                _x(r.baseline_vs_xla),
-                _x(r.vs_xla),
+                fmt_ratio(r.suite_speedup),
+                fmt_ratio(r.baseline_vs_xla),
+                fmt_ratio(r.vs_xla),
                 "; ".join(rec.get("fixed", [])) or "-",
             ]
             lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")

@@ -20,8 +20,8 @@ from rich.console import Console
 from ..commands import add_strategy
 from ..errors import ExitCode, UsageError
 from ..ir.kernel_ir import KernelIR
-from .estimate import CompilerEstimator, Estimator, _versions
-from .render import _t, _x, summary_lines, write_results
+from .estimate import CompilerEstimator, Estimator, versions
+from .render import fmt_ratio, fmt_time, summary_lines, write_results
 from .rows import Row, summarize
 
 # --quick: one kernel of each kind (GEMM, attention, norm, softmax, conv, data movement); three have `hand_tuned`
@@ -273,7 +273,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         "suite": suite if external else str(args.suite),
         "db": str(db),
         "machine": machine(),
-        "versions": _versions(),
+        "versions": versions(),
         "wall_s": 0.0,
     }
     console.print(
@@ -391,11 +391,11 @@ def _row_line(i: int, n: int, r: Row) -> str:
     if r.error:
         return f"{head} [red]ERROR[/] {r.error[:160]}"
     verdict = "[green]correct[/]" if r.correct else "[red]NOT verified[/]"
-    xla = f"vs XLA {_x(r.vs_xla)}" if r.xla else ""
-    ht = f"HT/best {_x(r.frac_hand_tuned)}" if r.hand_tuned else ""
+    xla = f"vs XLA {fmt_ratio(r.vs_xla)}" if r.xla else ""
+    ht = f"HT/best {fmt_ratio(r.frac_hand_tuned)}" if r.hand_tuned else ""
     cache = " (from db)" if r.from_cache else ""
     return (
-        f"{head} {verdict} {_x(r.speedup):>7} {_t(r.baseline_s, r.tier)} -> {_t(r.best_s, r.tier)}  {xla}  "
+        f"{head} {verdict} {fmt_ratio(r.speedup):>7} {fmt_time(r.baseline_s, r.tier)} -> {fmt_time(r.best_s, r.tier)}  {xla}  "
         f"{ht}  {r.wall_s:.0f} s{cache}"
     )
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import DatabaseError
-from .schema import _SCHEMA, _TABLES, SCHEMA_VERSION, _decode
+from .schema import SCHEMA_SQL, SCHEMA_VERSION, TABLES, decode_row
 
 R = TypeVar("R")
 CORRUPTED_HINT = "move the file aside and run again to start a new one"
@@ -46,7 +46,7 @@ def _until_unlocked(fn: Callable[[], T], start: float | None = None) -> T:
         pause = min(0.5, pause * 2)
 
 
-class _Connection:
+class Connection:
     """The connection of a KernelDB and the transaction machinery its methods write and read through."""
 
     def __init__(self, path: Path | str) -> None:
@@ -117,7 +117,7 @@ class _Connection:
             if damage:
                 raise self._fail(f"is corrupted ({damage})", CORRUPTED_HINT)
             return
-        ours = set(_TABLES)
+        ours = set(TABLES)
 
         def create(c: sqlite3.Connection) -> None:
             if c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
@@ -127,7 +127,7 @@ class _Connection:
                 raise self._fail(
                     "is a SQLite file of another program, not a pallasopt database", "pass another --db path"
                 )
-            for stmt in _SCHEMA.split(";"):
+            for stmt in SCHEMA_SQL.split(";"):
                 if stmt.strip():
                     c.execute(stmt)
             c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -137,7 +137,7 @@ class _Connection:
     def _decode(self, cls: Callable[..., R], row: sqlite3.Row) -> R:
         """A row as `cls`; a value that no longer decodes (JSON cut or overwritten) is a corrupted database."""
         try:
-            return _decode(cls, row)
+            return decode_row(cls, row)
         except (ValueError, TypeError) as e:
             table = getattr(cls, "__name__", "row")
             raise self._fail(f"is corrupted (a {table} holds a value that does not decode: {e})", CORRUPTED_HINT) from e
@@ -151,7 +151,7 @@ class _Connection:
             _ORPHANS.append(self._conn)  # closing a connection inherited over fork() could disturb the parent's locks
             self._pid = os.getpid()
             self._my_runs = set()
-            _LIVE_RUNS.clear()  # the parent's runs are not ours
+            LIVE_RUNS.clear()  # the parent's runs are not ours
             self._lock = threading.RLock()
             self._conn = self._connect()
         return self._conn
@@ -197,7 +197,7 @@ class _Connection:
     def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         with self._lock:
             conn = self.conn
-            return self._retrying(lambda: _rows(conn, sql, args))
+            return self._retrying(lambda: rows_of(conn, sql, args))
 
     @contextmanager
     def _snapshot(self) -> Iterator[sqlite3.Connection]:
@@ -212,7 +212,7 @@ class _Connection:
 
 
 _ORPHANS: list[sqlite3.Connection] = []  # connections inherited over fork(), kept open on purpose
-_LIVE_RUNS: set[tuple[str, int]] = set()  # (resolved db path, run id) of runs started and not finished here
+LIVE_RUNS: set[tuple[str, int]] = set()  # (resolved db path, run id) of runs started and not finished here
 
 
 @functools.cache
@@ -220,8 +220,8 @@ def expected_columns() -> dict[str, tuple[str, ...]]:
     """The columns of each table of the current schema (read from a fresh in-memory database)."""
     mem = sqlite3.connect(":memory:")
     try:
-        mem.executescript(_SCHEMA)
-        return {t: tuple(r[1] for r in mem.execute(f"PRAGMA table_info({t})")) for t in _TABLES}
+        mem.executescript(SCHEMA_SQL)
+        return {t: tuple(r[1] for r in mem.execute(f"PRAGMA table_info({t})")) for t in TABLES}
     finally:
         mem.close()
 
@@ -238,7 +238,7 @@ def schema_damage(conn: sqlite3.Connection) -> str:
     return ""
 
 
-def _rows(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+def rows_of(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
     cur = conn.cursor()
     cur.row_factory = sqlite3.Row
     return list(cur.execute(sql, args))

@@ -15,9 +15,9 @@ SCHEMA_VERSION = 2  # 2: candidate_parents and population (a version-1 file gain
 R = TypeVar("R")
 RunState = Literal["running", "done", "interrupted"]
 
-_TABLES = ("workloads", "candidates", "evaluations", "runs", "llm_cache", "candidate_parents", "population")
+TABLES = ("workloads", "candidates", "evaluations", "runs", "llm_cache", "candidate_parents", "population")
 
-_SCHEMA = """
+SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS workloads (
     id INTEGER PRIMARY KEY,
     source_digest TEXT NOT NULL,
@@ -196,12 +196,12 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def _dumps(value: Any) -> str:
+def dumps(value: Any) -> str:
     """Deterministic JSON: sorted keys, no spaces."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_json_default)
 
 
-def _decode(cls: Callable[..., R], r: sqlite3.Row) -> R:
+def decode_row(cls: Callable[..., R], r: sqlite3.Row) -> R:
     """A row as `cls`: `x_json` columns become decoded `x` fields, `ok` a bool."""
     fields: dict[str, Any] = {}
     for name in r.keys():  # noqa: SIM118 (sqlite3.Row is not a mapping)

@@ -19,10 +19,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .connection import _LIVE_RUNS, BUSY_TIMEOUT_MS, LOCK_RETRIES, _Connection, _rows
+from .connection import BUSY_TIMEOUT_MS, LIVE_RUNS, LOCK_RETRIES, Connection, rows_of
 from .schema import (
-    _TABLES,
     SCHEMA_VERSION,
+    TABLES,
     CandidateRow,
     EvalRow,
     LLMRow,
@@ -31,8 +31,8 @@ from .schema import (
     RunRow,
     RunState,
     WorkloadRow,
-    _dumps,
     default_path,
+    dumps,
 )
 
 __all__ = [
@@ -65,7 +65,7 @@ def _pid_alive(pid: int) -> bool:
 # -------------------------------------------------------------------------------------------------------- the db
 
 
-class KernelDB(_Connection):
+class KernelDB(Connection):
     """A handle on one database file. Safe to share between threads; open one per process (a fork reconnects)."""
 
     @classmethod
@@ -92,7 +92,7 @@ class KernelDB(_Connection):
             try:
                 if self._my_runs and os.getpid() == self._pid:
                     ids = sorted(self._my_runs)
-                    _LIVE_RUNS.difference_update((self._key, i) for i in ids)
+                    LIVE_RUNS.difference_update((self._key, i) for i in ids)
                     marks = ",".join("?" * len(ids))
                     self._write(
                         lambda c: c.execute(
@@ -112,7 +112,7 @@ class KernelDB(_Connection):
         self, source_digest: str, path: Path | str, dims: Mapping[str, int], target: str, versions: Mapping[str, str]
     ) -> int:
         """The id of this workload, created on first sight."""
-        key = (source_digest, _dumps(dict(dims)), target, _dumps(dict(versions)))
+        key = (source_digest, dumps(dict(dims)), target, dumps(dict(versions)))
 
         def body(c: sqlite3.Connection) -> int:
             c.execute(
@@ -209,7 +209,7 @@ class KernelDB(_Connection):
         self, candidate_id: int, tier: str, key: str, ok: bool, result: Mapping[str, Any], wall_s: float
     ) -> None:
         """Store (or replace) what `tier` said about a candidate; committed when this returns."""
-        result_json = _dumps(dict(result))
+        result_json = dumps(dict(result))
         self._write(
             lambda c: c.execute(
                 "INSERT INTO evaluations (candidate_id, tier, key, ok, result_json, wall_s, created)"
@@ -237,7 +237,7 @@ class KernelDB(_Connection):
 
     def start_run(self, workload_id: int, config: Mapping[str, Any]) -> int:
         """Record that a search over `workload_id` starts now; returns the run id."""
-        config_json = _dumps(dict(config))
+        config_json = dumps(dict(config))
 
         def body(c: sqlite3.Connection) -> int:
             cur = c.execute(
@@ -250,14 +250,14 @@ class KernelDB(_Connection):
 
         run_id = self._write(body)
         self._my_runs.add(run_id)
-        _LIVE_RUNS.add((self._key, run_id))
+        LIVE_RUNS.add((self._key, run_id))
         return run_id
 
     def finish_run(self, run_id: int, result: Mapping[str, Any], *, state: RunState = "done") -> None:
         """Record the outcome of a run (state 'done', or 'interrupted' for a run stopped early on purpose)."""
         if state not in ("done", "interrupted"):
             raise ValueError(f"a finished run is 'done' or 'interrupted', not {state!r}")
-        result_json = _dumps(dict(result))
+        result_json = dumps(dict(result))
 
         def body(c: sqlite3.Connection) -> None:
             cur = c.execute(
@@ -269,7 +269,7 @@ class KernelDB(_Connection):
 
         self._write(body)
         self._my_runs.discard(run_id)
-        _LIVE_RUNS.discard((self._key, run_id))
+        LIVE_RUNS.discard((self._key, run_id))
 
     def last_run(self, workload_id: int) -> RunRow | None:
         """The newest run of a workload; one left 'running' by a process that died is marked 'interrupted'."""
@@ -297,7 +297,7 @@ class KernelDB(_Connection):
         if row.host != self._host:
             return False  # another machine sharing the file: we cannot tell
         if row.pid == os.getpid():
-            return (self._key, row.id) not in _LIVE_RUNS  # started here by a handle that was dropped unfinished
+            return (self._key, row.id) not in LIVE_RUNS  # started here by a handle that was dropped unfinished
         return not _pid_alive(row.pid)
 
     # ------------------------------------------------------------------------------------------------ llm cache
@@ -321,7 +321,7 @@ class KernelDB(_Connection):
     def stats(self) -> dict[str, Any]:
         """Row counts per table, evaluations per tier (total and ok), and the size on disk (file + WAL)."""
         with self._snapshot() as c:
-            counts = {t: int(c.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]) for t in _TABLES}
+            counts = {t: int(c.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]) for t in TABLES}
             tiers = {
                 r[0]: {"total": int(r[1]), "ok": int(r[2])}
                 for r in c.execute("SELECT tier, COUNT(*), SUM(ok) FROM evaluations GROUP BY tier ORDER BY tier")
@@ -351,5 +351,7 @@ class KernelDB(_Connection):
             for table, cls in kinds.items():
                 order = {"llm_cache": "key", "candidate_parents": "candidate_id, position"}.get(table, "id")
                 order = "run_id, generation, rank" if table == "population" else order
-                out[table] = [asdict(self._decode(cls, r)) for r in _rows(c, f"SELECT * FROM {table} ORDER BY {order}")]
+                out[table] = [
+                    asdict(self._decode(cls, r)) for r in rows_of(c, f"SELECT * FROM {table} ORDER BY {order}")
+                ]
         return out

@@ -83,7 +83,7 @@ STRUCTURAL = frozenset(
 )
 
 
-def _subjaxprs(eqn: Any) -> Iterator[Any]:
+def subjaxprs(eqn: Any) -> Iterator[Any]:
     """Inner jaxprs of an equation (pjit, cond branches, scan/while bodies, custom calls, run_scoped)."""
     for value in eqn.params.values():
         items = value if isinstance(value, tuple | list) else (value,)
@@ -209,7 +209,7 @@ def _count_body(
                     if record is not None:
                         top.append(record)
         else:
-            for sub in _subjaxprs(eqn):
+            for sub in subjaxprs(eqn):
                 _count_body(sub, multiplier, acc, grid, prof=prof)
 
 
@@ -351,7 +351,7 @@ def _conditional_axes(jaxpr: Any, state_refs: int = 0) -> tuple[int, ...]:
                 found.update(pred_axes)
             for out in eqn.outvars:
                 env[out] = src
-            for sub in _subjaxprs(eqn):
+            for sub in subjaxprs(eqn):
                 outer = _sub_inputs(eqn, sub)
                 inner = {
                     iv: env.get(ov, set())
@@ -372,7 +372,7 @@ def _pipelines(jaxpr: Any) -> bool:
     """A loop body that moves data by DMA (emit_pipeline's inner step, a hand-written copy loop): each iteration
     pays a step's fixed cost. A loop over data already in VMEM (a fori_loop over chunks) pays only its work."""
     return any(
-        eqn.primitive.name in _PIPELINE_PRIMS or any(_pipelines(s) for s in _subjaxprs(eqn)) for eqn in jaxpr.eqns
+        eqn.primitive.name in _PIPELINE_PRIMS or any(_pipelines(s) for s in subjaxprs(eqn)) for eqn in jaxpr.eqns
     )
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import KernelError, short
 from ..workload import Workload, user_line
-from .body import _subjaxprs, body_stats
+from .body import body_stats, subjaxprs
 from .facts import CallFacts, IndexMap, Operand, Scratch
 from .loops import has_loop
 from .prefetch import operand_values
@@ -68,7 +68,7 @@ def find_pallas_call_chains(jaxpr: Any, outer: tuple[Any, ...] = ()) -> list[tup
         if eqn.primitive.name == "pallas_call":
             found.append((*outer, eqn))
             continue
-        for sub in _subjaxprs(eqn):
+        for sub in subjaxprs(eqn):
             found.extend(find_pallas_call_chains(sub, (*outer, eqn)))
     return found
 
