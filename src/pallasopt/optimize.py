@@ -125,9 +125,16 @@ class Result:
         }
 
 
-def select_passes(names: Sequence[str]) -> tuple[type[Pass], ...]:
+def select_passes(names: Sequence[str], hardware: bool = False) -> tuple[type[Pass], ...]:
+    """The passes a search runs: `names`, or by default every pass the search can rank; passes whose gain only a
+    measurement shows (`search_needs_hardware`) join the default set only when `hardware` (the target chip is
+    here to time candidates on)."""
     if not names:
-        return tuple(p for p in PASSES if getattr(p, "in_search", True))
+        return tuple(
+            p
+            for p in PASSES
+            if getattr(p, "in_search", True) and (hardware or not getattr(p, "search_needs_hardware", False))
+        )
     registry = by_name()
     unknown = [n for n in names if n not in registry]
     if unknown:
@@ -249,7 +256,6 @@ def optimize(
         raise KernelError("no such file", path=text, hint="pass a kernel module path or its source text")
     chip = resolve_target(config.target)
     config = dataclasses.replace(config, target=chip.name)
-    selected = select_passes(config.passes)
     env = read_env()
     if config.llm and llm_client is None and not env.anthropic_api_key:
         raise EnvironmentProblem("--llm needs ANTHROPIC_API_KEY", hint="export it, or drop --llm")
@@ -260,6 +266,8 @@ def optimize(
         executor = make_executor(executor, ray_address or (env.ray_address if executor == "ray" else None))
         owned.callback(executor.close)
     inner = evaluator or Tiers(chip, use_compiler=config.use_compiler, executor=executor)
+    timed_here = getattr(inner, "unavailable", None)
+    selected = select_passes(config.passes, hardware=callable(timed_here) and timed_here("hardware") is None)
     with owned, KernelDB.open(db_file) as db:
         wid = db.workload(base.digest, str(kernel_path), dict(base.dims), chip.name, _versions())
         key = json.loads(json.dumps(_config_key(config, selected, inner)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import hashlib
 import importlib
 import inspect
@@ -330,6 +331,33 @@ def default_dims(make_inputs: Callable[..., Any], path: str, line: int) -> dict[
     return dims
 
 
+# The TPU generation code that asks for one at trace time is traced for (`pltpu.emit_pipeline` reads the device
+# kind to pick its DMA tiling) when no TPU is attached: v5e, the default target.
+TRACE_DEVICE_KIND = "TPU v5 lite"
+
+
+@functools.cache
+def tpu_traced(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` traced under an abstract one-device TPU mesh when the default device is not a TPU, so kernels that run
+    `pltpu.emit_pipeline` (which asks for the TPU's kind while tracing) trace, lower and run in interpret mode on a
+    CPU; `fn` itself on a TPU. One wrapper per function, so `jax.jit` caches stay warm."""
+    import jax
+    from jax._src.mesh import AbstractDevice
+    from jax.sharding import AbstractMesh, AxisType
+
+    if jax.devices()[0].platform == "tpu":
+        return fn
+    device = AbstractDevice(device_kind=TRACE_DEVICE_KIND, num_cores=1, platform="tpu")
+    mesh = AbstractMesh((1,), ("_tpu",), axis_types=(AxisType.Auto,), abstract_device=device)
+
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        with jax.sharding.use_abstract_mesh(mesh):
+            return fn(*args, **kwargs)
+
+    return traced
+
+
 @dataclass(frozen=True)
 class Workload:
     """A loaded kernel module: its source, what it defines, and the live module object."""
@@ -346,7 +374,7 @@ class Workload:
     @property
     def entry(self) -> Callable[..., Any]:
         fn: Callable[..., Any] = getattr(self.module, self.spec.entry)
-        return fn
+        return tpu_traced(fn) if "emit_pipeline" in self.source else fn
 
     @property
     def reference(self) -> Callable[..., Any]:

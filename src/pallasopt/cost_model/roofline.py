@@ -166,6 +166,33 @@ def padded_block_bytes(op: Operand, chip: Chip) -> int:
     return _padded_bytes([1 if b is None else b for b in op.block_shape], op.dtype, chip)
 
 
+_LHS_COPY_MIN_BYTES = 512 * 1024  # smaller packed lhs blocks took no extra VMEM (lhs_copy_bytes)
+
+
+def lhs_copy_bytes(call: CallFacts, chip: Chip) -> int:
+    """VMEM the compiler adds for a dot whose lhs is a packed (< 32-bit) input block: the padded bytes of the
+    largest such block, counted once however many dots read it.
+
+    Measured with libtpu 0.0.42.1 on v5e (docs/cost-model.md, "Packed dot operands"): a bf16 (tm, tk) lhs block adds
+    about its own bytes of scoped VMEM (llm_swiglu_mlp's gate/up call at (1024, 512, 1024): 16.36 MiB against
+    14.0 modelled), the same with one dot, two dots sharing the loaded value, or two separate loads; an f32 lhs
+    adds nothing measurable, nor does the rhs block. Blocks under 512 KiB added nothing (swiglu at 128^3 and
+    (256, 512, 256), fused_06's (128, 1024) lhs), so they are not charged. A lhs computed in the body (attention's
+    `p @ v`) is not charged: flash attention's figures fit without it. The lhs is recognised as an input block by
+    shape and dtype (the dot's (m, k) equal to the block's two minor dims), which the tile pass's predicted facts
+    keep in step (its dots and blocks are retiled together)."""
+    if chip.is_gpu:
+        return 0
+    blocks: dict[tuple[tuple[int, int], str], int] = {}
+    for op in call.inputs:
+        dims = [b for b in op.block_shape if b is not None]
+        if op.is_pipelined and len(dims) >= 2 and dtype_bytes(op.dtype) < 4:
+            key = ((dims[-2], dims[-1]), op.dtype)
+            blocks[key] = max(blocks.get(key, 0), padded_block_bytes(op, chip))
+    charged = (blocks.get(((d.m, d.k), d.lhs_dtype), 0) for d in call.body.dots)
+    return max((b for b in charged if b >= _LHS_COPY_MIN_BYTES), default=0)
+
+
 def vmem_footprint(call: CallFacts, chip: Chip) -> int:
     """Sum of buffers x padded block bytes over pipelined operands, plus VMEM scratch."""
     total = 0
@@ -178,7 +205,8 @@ def vmem_footprint(call: CallFacts, chip: Chip) -> int:
             total += buffers * padded_block_bytes(op, chip)
     # The compiler allocates one copy of the largest value a reduction consumes (softmax rows, attention scores).
     total += call.body.max_reduced_bytes
-    for s in call.scratch:
+    total += lhs_copy_bytes(call, chip)
+    for s in (*call.scratch, *call.scoped):  # scoped: buffers the body allocates (an emit_pipeline's blocks)
         if s.memory_space in ("vmem", "default"):
             total += _padded_bytes(s.shape, s.dtype, chip)
     return total
@@ -266,11 +294,11 @@ def _megacore_split(call: CallFacts, chip: Chip) -> bool:
 
 def manual_dma_depth(call: CallFacts) -> int:
     """Slots of a manual-DMA ring: 1 when a copy is started and waited on at once; else the length of the DMA
-    semaphore array the kernel's scratch holds (one semaphore per slot, as `multi-buffer` and `dma-overlap` write
-    it); 2 (one copy ahead) when the semaphores are scalars but the copies overlap the compute."""
+    semaphore array the kernel's scratch or scoped allocations hold (one semaphore per slot, as `multi-buffer` and
+    `dma-overlap` write it, and `pltpu.emit_pipeline` allocates a `pl.Buffered(n)` input's); 2 (one copy ahead) when the semaphores are scalars but the copies overlap the compute."""
     if call.body.dma_serialized:
         return 1
-    slots = [s.shape[0] for s in call.scratch if s.dtype == "dma_sem" and len(s.shape) == 1]
+    slots = [s.shape[0] for s in (*call.scratch, *call.scoped) if s.dtype == "dma_sem" and len(s.shape) == 1]
     return max(slots, default=2)
 
 

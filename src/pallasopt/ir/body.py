@@ -171,7 +171,10 @@ def _count_body(
             acc["vpu"] += multiplier * out_elems
         if name == "scan":
             inner = eqn.params["jaxpr"].jaxpr
-            _count_body(inner, multiplier * int(eqn.params["length"]), acc, grid, prof=prof)
+            length = int(eqn.params["length"])
+            if prof is not None and id(eqn) in prof.trips and _pipelines(inner):  # emit_pipeline's step loop
+                acc["inner"] += multiplier * length
+            _count_body(inner, multiplier * length, acc, grid, prof=prof)
         elif name == "while" and prof is not None and id(eqn) in prof.trips:
             trips = prof.trips[id(eqn)]
             if _pipelines(eqn.params["body_jaxpr"].jaxpr):  # a step that issues/waits on DMAs, like a grid step

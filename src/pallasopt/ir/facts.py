@@ -215,6 +215,9 @@ class CallFacts:
     prefetch: tuple[np.ndarray, ...] | None = field(default=None, compare=False, repr=False)
     prefetch_note: str = ""
     kernel_jaxpr_text: str = field(default="", compare=False, repr=False)
+    # Buffers the body allocates itself (`pl.run_scoped`; `pltpu.emit_pipeline` holds its block buffers and DMA
+    # semaphores there): they take VMEM like scratch, and a semaphore array's length is a pipeline's depth.
+    scoped: tuple[Scratch, ...] = ()
 
     @property
     def inputs(self) -> tuple[Operand, ...]:

@@ -86,9 +86,22 @@ def _subs(eqn: Any) -> list[Any]:
     return out
 
 
+# What a loop body does to be a pipeline step (`pltpu.emit_pipeline`'s loop, a hand-written copy loop).
+DMA_PRIMS = frozenset({"dma_start", "dma_wait", "semaphore_wait", "semaphore_signal"})
+
+
+def is_pipeline_scan(eqn: Any) -> bool:
+    """A `scan` (a fori_loop with static bounds) whose body moves data by DMA: emit_pipeline's step loop over a
+    static grid. Simulated like a `while`; a scan over data already in VMEM is counted statically (`ir/body.py`)."""
+    return bool(eqn.primitive.name == "scan" and _has(eqn.params["jaxpr"].jaxpr, DMA_PRIMS))
+
+
 def has_loop(jaxpr: Any) -> bool:
-    """Whether a `while` runs anywhere in the body (then `profile` is worth running)."""
-    return _has(jaxpr, frozenset({"while"}))
+    """Whether a `while`, or a scan that pipelines, runs anywhere in the body (then `profile` is worth running)."""
+    return any(
+        eqn.primitive.name == "while" or is_pipeline_scan(eqn) or any(has_loop(s) for s in _subs(eqn))
+        for eqn in jaxpr.eqns
+    )
 
 
 class _Incomplete(Exception):
@@ -132,6 +145,8 @@ class _Sim:
             outs = self.cond(eqn, vals)
         elif name == "while":
             outs = self.loop(eqn, vals)
+        elif is_pipeline_scan(eqn):
+            outs = self.scan(eqn, vals)
         elif name == "run_scoped":
             inner = eqn.params["jaxpr"]
             self.run(inner, vals, [None] * len(inner.invars))
@@ -202,6 +217,33 @@ class _Sim:
         self.trip_runs[id(eqn)] += 1
         self.iterations += total
         return None if done < total else carry
+
+    def scan(self, eqn: Any, vals: list[Any]) -> list[Any] | None:
+        """A scan of static `length` (a fori_loop with static bounds, emit_pipeline's step loop), simulated as a
+        `while` is: at most MAX_SIMULATED iterations, the rest extrapolated from them."""
+        self.loop_runs += 1
+        if self.loop_runs > MAX_LOOP_EXECUTIONS:
+            raise _Incomplete(f"more than {MAX_LOOP_EXECUTIONS} loop executions")
+        nc, ncarry, length = int(eqn.params["num_consts"]), int(eqn.params["num_carry"]), int(eqn.params["length"])
+        body = eqn.params["jaxpr"]
+        consts, carry = vals[:nc], vals[nc : nc + ncarry]
+        n_xs = len(body.jaxpr.invars) - nc - ncarry
+        before = (self.dma_bytes, self.dma_starts, self.iterations)
+        done = min(length, MAX_SIMULATED)
+        for _ in range(done):
+            carry = self.run(body.jaxpr, body.consts, [*consts, *carry, *[None] * n_xs])[:ncarry]
+        self.simulated += done
+        if done and length > done:
+            f = length / done
+            self.dma_bytes = before[0] + (self.dma_bytes - before[0]) * f
+            self.dma_starts = before[1] + (self.dma_starts - before[1]) * f
+            self.iterations = before[2] + (self.iterations - before[2]) * f
+        self.trip_total[id(eqn)] += length
+        self.trip_runs[id(eqn)] += 1
+        self.iterations += length
+        if done < length:
+            return None
+        return [*carry, *[None] * (len(eqn.outvars) - ncarry)]
 
     def profile(self) -> LoopProfile:
         weights = {k: tuple(float(x) for x in c / c.sum()) for k, c in self.branch_counts.items() if c.sum() > 0}

@@ -126,6 +126,25 @@ def _block_dim(b: Any) -> int | None:
     return int(b) if isinstance(b, int | np.integer) else None
 
 
+def _as_scratch(aval: Any) -> Scratch:
+    return Scratch(
+        shape=tuple(int(s) for s in getattr(aval, "shape", ())),
+        dtype=str(getattr(aval, "dtype", "")),
+        memory_space=_memory_space(aval),
+    )
+
+
+def scoped_allocations(jaxpr: Any) -> list[Any]:
+    """The refs every `run_scoped` in `jaxpr` (at any depth) allocates, outermost first."""
+    out: list[Any] = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "run_scoped":
+            out += list(eqn.params["jaxpr"].invars)
+        for sub in subjaxprs(eqn):
+            out += scoped_allocations(sub)
+    return out
+
+
 def _memory_space(aval: Any) -> str:
     ms = getattr(aval, "memory_space", None)
     text = str(ms).lower() if ms is not None else "default"
@@ -341,16 +360,10 @@ def call_facts(
     grid, dynamic, operands = _grid_and_operands(gm, bounds[0])
     n_prefetch = int(gm.num_index_operands)
     n_in = int(gm.num_inputs)
-    scratch = tuple(
-        Scratch(
-            shape=tuple(int(s) for s in getattr(a, "shape", ())),
-            dtype=str(getattr(a, "dtype", "")),
-            memory_space=_memory_space(a),
-        )
-        for a in gm.scratch_avals
-    )
+    scratch = tuple(_as_scratch(a) for a in gm.scratch_avals)
     params, semantics, vmem = _compiler_params(eqn.params.get("compiler_params"))
     kernel = eqn.params["jaxpr"]
+    scoped = tuple(_as_scratch(v.aval) for v in scoped_allocations(kernel))
     aliases = tuple((int(a), int(b)) for a, b in (eqn.params.get("input_output_aliases") or ()))
     meta = eqn.params.get("name") or ""
     return CallFacts(
@@ -360,6 +373,7 @@ def call_facts(
         dynamic_axes=dynamic,
         operands=operands,
         scratch=scratch,
+        scoped=scoped,
         num_scalar_prefetch=n_prefetch,
         dimension_semantics=semantics,
         vmem_limit_bytes=vmem,

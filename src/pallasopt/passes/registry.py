@@ -9,6 +9,7 @@ from ..errors import UsageError
 from .accumulate import AccumulateInScratchPass
 from .base import Pass
 from .cost_estimate import CostEstimatePass
+from .deep_pipeline import PipelinePass
 from .dimension_semantics import DimensionSemanticsPass
 from .dma_overlap import DmaOverlapPass
 from .epilogue import EpiloguePass
@@ -38,6 +39,7 @@ PASSES: tuple[type[Pass], ...] = (
     DmaOverlapPass,
     MultiBufferPass,
     GatherWidenPass,
+    PipelinePass,
     SkipMaskedBlocksPass,
     SkipMaskedChunksPass,
     OnlineSoftmaxPass,
