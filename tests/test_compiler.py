@@ -277,3 +277,47 @@ def test_candidate_faults_are_values() -> None:
 def test_timeout_kills_the_compile() -> None:
     r = compile_matmul(timeout_s=0.3)
     assert not r.ok and r.error_kind == "timeout" and r.compile_s < 5
+
+
+# libtpu 0.0.42.1, v5e, `--xla_jf_dump_static_llo_profile_to` on: bench fused_02 tiled (1024, 2048, 2048) with a
+# 64 MiB limit (it compiles without the profile; `cost_model/compiler.py: profile_vmem_clash`).
+PROFILE_CLASH = (
+    "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space vmem. Used 140.33M of "
+    "128.00M vmem. Exceeded vmem capacity by 12.33M.\nProgram vmem requirement 140.33M:\n    scoped           44.33M\n"
+    "    HLO temp         96.00M (0.0% utilization: Unpadded (0B) Padded (0B), 100.0% fragmentation (96.00M))\n"
+)
+KERNEL_OOM = (
+    "RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: Ran out of memory in memory space vmem while allocating "
+    "on stack for %matmul_gelu.2. Scoped allocation with size 44.33M and limit 40.00M exceeded scoped vmem limit"
+)
+
+
+def test_profile_vmem_clash_tells_the_profiles_reservation_from_the_kernels_overflow() -> None:
+    assert compiler.profile_vmem_clash(PROFILE_CLASH) == (44.33, 96.0)
+    assert compiler.profile_vmem_clash(KERNEL_OOM) is None
+
+
+def test_a_clash_with_the_profile_is_compiled_again_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel fits (no vmem_oom): it comes back compiled, with no cycle estimate and a note saying why; a kernel
+    that overflows without the profile too stays a vmem_oom."""
+    monkeypatch.setattr(compiler, "libtpu_available", lambda: True)
+    calls: list[str | None] = []
+
+    def child(replies: list[dict[str, Any]]) -> Any:
+        def run(request: dict[str, Any], env: dict[str, str], timeout_s: float) -> tuple[Any, str, int | None]:
+            calls.append(env.get("LIBTPU_INIT_ARGS"))
+            return replies[len(calls) - 1], "", 0
+
+        return run
+
+    clash = {"ok": False, "stage": "compile", "error": PROFILE_CLASH}
+    monkeypatch.setattr(compiler, "_run_child", child([clash, {"ok": True, "ops": [], "cost_analysis": {}}]))
+    r = compile_matmul()
+    assert r.ok and r.estimated_s is None
+    assert r.note is not None and "96 MiB of the program's temporaries" in r.note and "44.33 MiB" in r.note
+    assert compiler.PROFILE_FLAG in (calls[0] or "") and compiler.PROFILE_FLAG not in (calls[1] or "")
+    calls.clear()
+    real = {"ok": False, "stage": "compile", "error": KERNEL_OOM}
+    monkeypatch.setattr(compiler, "_run_child", child([clash, real]))
+    r = compile_matmul()
+    assert not r.ok and r.error_kind == "vmem_oom" and len(calls) == 2
