@@ -80,6 +80,7 @@ def test_every_choice_passes_the_oracle(matmul, paged) -> None:
     assert "PARAMS.replace(dimension_semantics=None)" in news[-1].source  # the shared constant is left alone
     for (ir, p), r in zip(cases, check_many([n.source for n in news], str(PAGED)), strict=True):
         assert r.ok, f"{ir.path} {p.spec()}: {r.message}"
+        assert r.mode == "interpret-tpu-races"  # the inner pipeline's DMAs run under the race detector
 
 
 def test_a_wrong_table_binding_fails_the_oracle(paged) -> None:
