@@ -207,8 +207,14 @@ class _Sim:
                 break
             carry = self.run(bj.jaxpr, bj.consts, [*bconsts, *carry])
             done += 1
+        self.ran(eqn, before, done, total)
+        return None if done < total else carry
+
+    def ran(self, eqn: Any, before: tuple[float, float, float], done: int, total: float) -> None:
+        """Book a loop that ran `total` iterations of which `done` were simulated: the simulated ones stand for all
+        of them (DMA bytes, starts and inner iterations since `before` scaled by total / done)."""
         self.simulated += done
-        if done and total > done:  # the simulated iterations stand for all of them
+        if done and total > done:
             f = total / done
             self.dma_bytes = before[0] + (self.dma_bytes - before[0]) * f
             self.dma_starts = before[1] + (self.dma_starts - before[1]) * f
@@ -216,7 +222,6 @@ class _Sim:
         self.trip_total[id(eqn)] += total
         self.trip_runs[id(eqn)] += 1
         self.iterations += total
-        return None if done < total else carry
 
     def scan(self, eqn: Any, vals: list[Any]) -> list[Any] | None:
         """A scan of static `length` (a fori_loop with static bounds, emit_pipeline's step loop), simulated as a
@@ -232,15 +237,7 @@ class _Sim:
         done = min(length, MAX_SIMULATED)
         for _ in range(done):
             carry = self.run(body.jaxpr, body.consts, [*consts, *carry, *[None] * n_xs])[:ncarry]
-        self.simulated += done
-        if done and length > done:
-            f = length / done
-            self.dma_bytes = before[0] + (self.dma_bytes - before[0]) * f
-            self.dma_starts = before[1] + (self.dma_starts - before[1]) * f
-            self.iterations = before[2] + (self.iterations - before[2]) * f
-        self.trip_total[id(eqn)] += length
-        self.trip_runs[id(eqn)] += 1
-        self.iterations += length
+        self.ran(eqn, before, done, float(length))
         if done < length:
             return None
         return [*carry, *[None] * (len(eqn.outvars) - ncarry)]
