@@ -295,7 +295,8 @@ def _megacore_split(call: CallFacts, chip: Chip) -> bool:
 def manual_dma_depth(call: CallFacts) -> int:
     """Slots of a manual-DMA ring: 1 when a copy is started and waited on at once; else the length of the DMA
     semaphore array the kernel's scratch or scoped allocations hold (one semaphore per slot, as `multi-buffer` and
-    `dma-overlap` write it, and `pltpu.emit_pipeline` allocates a `pl.Buffered(n)` input's); 2 (one copy ahead) when the semaphores are scalars but the copies overlap the compute."""
+    `dma-overlap` write it, and `pltpu.emit_pipeline` allocates a `pl.Buffered(n)` input's); 2 (one copy ahead)
+    when the semaphores are scalars but the copies overlap the compute."""
     if call.body.dma_serialized:
         return 1
     slots = [s.shape[0] for s in (*call.scratch, *call.scoped) if s.dtype == "dma_sem" and len(s.shape) == 1]

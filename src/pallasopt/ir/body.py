@@ -11,7 +11,7 @@ import jax.extend.core
 import numpy as np
 
 from .facts import BodyStats, Branching, Dot, dtype_bytes
-from .loops import LoopProfile, dma_bytes, has_loop, profile
+from .loops import DMA_PRIMS, LoopProfile, dma_bytes, has_loop, is_pipeline_scan, profile
 from .steps import NotEvaluable, evaluate, slice_supported
 
 TRANSCENDENTAL = frozenset(
@@ -172,7 +172,7 @@ def _count_body(
         if name == "scan":
             inner = eqn.params["jaxpr"].jaxpr
             length = int(eqn.params["length"])
-            if prof is not None and id(eqn) in prof.trips and _pipelines(inner):  # emit_pipeline's step loop
+            if prof is not None and id(eqn) in prof.trips and is_pipeline_scan(eqn):  # emit_pipeline's step loop
                 acc["inner"] += multiplier * length
             _count_body(inner, multiplier * length, acc, grid, prof=prof)
         elif name == "while" and prof is not None and id(eqn) in prof.trips:
@@ -368,15 +368,10 @@ def _conditional_axes(jaxpr: Any, state_refs: int = 0) -> tuple[int, ...]:
     return tuple(sorted(found))
 
 
-_PIPELINE_PRIMS = frozenset({"dma_start", "dma_wait", "semaphore_wait", "semaphore_signal"})
-
-
 def _pipelines(jaxpr: Any) -> bool:
     """A loop body that moves data by DMA (emit_pipeline's inner step, a hand-written copy loop): each iteration
     pays a step's fixed cost. A loop over data already in VMEM (a fori_loop over chunks) pays only its work."""
-    return any(
-        eqn.primitive.name in _PIPELINE_PRIMS or any(_pipelines(s) for s in subjaxprs(eqn)) for eqn in jaxpr.eqns
-    )
+    return any(eqn.primitive.name in DMA_PRIMS or any(_pipelines(s) for s in subjaxprs(eqn)) for eqn in jaxpr.eqns)
 
 
 def _dma_serialized(jaxpr: Any) -> bool:
