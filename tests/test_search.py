@@ -499,6 +499,44 @@ def test_a_baseline_over_the_models_vmem_limit_and_no_passing_candidate_end_with
     assert out.best is out.baseline and not any(n.passed("check") for n in out.nodes.values() if n.recipe)
 
 
+def test_a_candidate_that_compiles_without_a_time_replaces_a_baseline_that_does_not_fit(matmul_ir) -> None:
+    """tests/kernels/loops/window_loop_attention.py at S=32768: the whole-K/V baseline overflows VMEM (no time at any
+    tier); streamed and narrowed to its window it compiles, but libtpu gives a loop whose trip count changes per step
+    no time. The search kept the baseline ("no candidate does either"). A candidate that runs at the ranking tier
+    where the baseline does not now ranks after every timed one and before the baseline, by the model among
+    themselves; with no timed candidate, one of those is the result (and must pass its check)."""
+    root_bm = FakeTiers.bm(matmul_ir)
+
+    class Untimed(FakeTiers):
+        def unavailable(self, tier: str) -> str | None:
+            return "no accelerator" if tier == "hardware" else None
+
+        def model(self, ir: KernelIR) -> TierResult:
+            r = super().model(ir)
+            if self.bm(ir) != root_bm:
+                return r
+            return TierResult("model", False, r.time_s, "call 0: VMEM footprint exceeds the scoped limit")
+
+        def compiler(self, ir: KernelIR) -> TierResult | None:
+            self.calls["compiler"] += 1
+            return TierResult("compiler", True, None, "no time: a loop whose trip count changes per step")
+
+    small = frozenset(b for b in (8, 16, 32) if b != root_bm)
+    out = run(matmul_ir, Untimed(bad_bm=small), depth=1, budget_seconds=1000.0)
+    assert out.best is not out.baseline and out.best.passed("check") and out.score_tier == "compiler"
+    assert FakeTiers.bm(out.best.ir) not in small
+    models = {n.results["model"].time_s for n in out.nodes.values() if n.passed("check") and n.recipe}
+    assert out.best.results["model"].time_s == min(models)
+
+    class TimedBaseline(FakeTiers):  # the baseline fits and has a time; no candidate has one
+        def compiler(self, ir: KernelIR) -> TierResult | None:
+            r = super().compiler(ir)
+            return r if self.bm(ir) == root_bm else TierResult("compiler", True, None, "no time")
+
+    plain = run(matmul_ir, TimedBaseline(), depth=1, budget_seconds=1000.0)
+    assert plain.best is plain.baseline and plain.baseline.results["compiler"].time_s is not None
+
+
 def test_the_baseline_compile_gets_a_share_of_the_budget_and_its_cut_is_said(matmul_ir, monkeypatch) -> None:
     """llm_moe's baseline compile ran 180 s into a 120 s budget. It is now stopped at BASELINE_COMPILE_SHARE of the
     budget; stopped, the compiler does not rank (no verdict on the kernel) and the ranking says why."""

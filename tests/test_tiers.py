@@ -150,6 +150,16 @@ def _optimize(tmp_path: Path, tiers: FakeTiers, **kw: object):
     return optimize(kernel, **opts)  # type: ignore[arg-type]
 
 
+class BaselineOverflowsOthersUntimed(BaselineOverflows):
+    """As BaselineOverflows, but the tilings that compile get no cycle estimate (a loop libtpu cannot count)."""
+
+    def compiler(self, ir: KernelIR) -> TierResult | None:
+        r = super().compiler(ir)
+        if r is None or not r.ok:
+            return r
+        return TierResult("compiler", True, None, "no cycle estimate: a loop whose trip count changes per step")
+
+
 def test_a_failing_compiler_tier_is_reported_not_silent(tmp_path: Path) -> None:
     r = _optimize(tmp_path, BrokenCompiler())
     assert r.best.tier == "model" and r.ranking is not None and r.ranking.tier == "model"
@@ -160,6 +170,16 @@ def test_a_failing_compiler_tier_is_reported_not_silent(tmp_path: Path) -> None:
     assert {"tier": "compiler", "reason": why} in d["ranking"]["not_used"]
     text = "\n".join(summary_lines(r))
     assert "ranked by: model (roofline) for v5e" in text and "compiler tier not used: failed on the baseline" in text
+
+
+def test_a_candidate_that_compiles_untimed_is_returned_when_the_baseline_does_not_compile(tmp_path: Path) -> None:
+    r = _optimize(tmp_path, BaselineOverflowsOthersUntimed())
+    assert r.correct and r.recipe and not r.baseline.ok and r.speedup is None
+    assert not r.best.ok and r.best.time_s is None
+    assert "where the baseline does not, and passes the checks" in str(r.best.reason)
+    assert "trip count changes per step" in str(r.best.reason)
+    line = headline(r)
+    assert "the optimized kernel does, with no time at this tier" in line and "no candidate does either" not in line
 
 
 def test_an_unavailable_compiler_is_never_called_and_reported(tmp_path: Path) -> None:

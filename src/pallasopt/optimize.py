@@ -405,6 +405,8 @@ def _finish(
         if s
         else f"the best candidate failed the final re-check ({final.message}); the baseline is kept"
         if not correct
+        else _untimed_reason(best, tier, chip.name)
+        if best is not outcome.baseline
         else "no verified candidate has a time at this tier"
     )
     return Result(
@@ -427,6 +429,16 @@ def _finish(
         budget=Budget(config.budget_seconds, outcome.wall_s, outcome.spend, final_s),
         strategy=outcome.strategy,
         nodes=tuple(node_summary(n, tier) for n in outcome.nodes.values()),
+    )
+
+
+def _untimed_reason(best: Node, tier: str, target: str) -> str:
+    """Why a verified best that replaced a baseline with no time (it does not fit or compile) has none either."""
+    r = best.results.get(tier)
+    why = (r.message or str(r.data.get("report", {}).get("note") or "")) if r is not None else ""
+    runs = f"compiles for {target}" if tier == "compiler" else f"runs on {target}"
+    return f"{runs} where the baseline does not, and passes the checks; the {tier} tier gives it no time" + (
+        f" ({why})" if why else ""
     )
 
 

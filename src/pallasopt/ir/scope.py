@@ -125,3 +125,39 @@ class Scope:
             if stop is None or self.sites[name][0] < stop:
                 out.setdefault(axis, name)
         return out
+
+
+# The loop the `stream-chunks` pass writes: `_stream_fori_loop(lower, upper, body, init, refs, chunk, axes)` runs
+# `body(j, carry, *chunks)`; passes that narrow or read a loop's bounds treat it as a fori_loop.
+STREAM_LOOP = "_stream_fori_loop"
+
+
+def fori_loops(kernel: cst.FunctionDef, streamed: bool = False) -> list[cst.Call]:
+    """The `fori_loop(lower, upper, body, init)` calls written in the kernel's own top-level statements (with
+    `streamed`, the `_stream_fori_loop` calls too)."""
+    names = ("fori_loop", STREAM_LOOP) if streamed else ("fori_loop",)
+    out: list[cst.Call] = []
+    for stmt in statements(kernel):
+        if isinstance(stmt, cst.SimpleStatementLine):
+            out += [
+                c for c in m.findall(stmt, m.Call()) if isinstance(c, cst.Call) and any(is_call_to(c, n) for n in names)
+            ]
+    return out
+
+
+def loop_body_def(kernel: cst.FunctionDef, loop: cst.Call) -> cst.FunctionDef:
+    """The function a `fori_loop(lower, upper, body, init)` (or `_stream_fori_loop`) of the kernel runs: a def in
+    the kernel taking (index, carry) (then the chunks, for a streamed loop); declines any other form."""
+    streamed = is_call_to(loop, STREAM_LOOP)
+    check(
+        len(loop.args) == (7 if streamed else 4) and all(a.keyword is None and not a.star for a in loop.args),
+        "the fori_loop is not (lo, hi, body, init)",
+    )
+    body = loop.args[2].value
+    check(isinstance(body, cst.Name), "the loop body is not a function named in the kernel")
+    assert isinstance(body, cst.Name)
+    defs = [s for s in statements(kernel) if isinstance(s, cst.FunctionDef) and s.name.value == body.value]
+    check(len(defs) == 1, f"the loop body `{body.value}` is not defined once in the kernel")
+    n = len(params(defs[0]))
+    check(n > 2 if streamed else n == 2, f"`{body.value}` does not take (index, carry)")
+    return defs[0]

@@ -26,6 +26,7 @@ from .pad_in_kernel import PadInKernelPass
 from .single_buffer import SingleBufferPass
 from .skip_masked_blocks import SkipMaskedBlocksPass
 from .skip_masked_chunks import SkipMaskedChunksPass
+from .stream_chunks import StreamChunksPass
 from .tile import TilePass
 from .vmem_limit import VmemLimitPass
 
@@ -42,6 +43,7 @@ PASSES: tuple[type[Pass], ...] = (
     PipelinePass,
     SkipMaskedBlocksPass,
     SkipMaskedChunksPass,
+    StreamChunksPass,
     OnlineSoftmaxPass,
     FusePass,
     EpiloguePass,

@@ -17,7 +17,7 @@ from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..ir.mask_bounds import Mask, Reader, bound_on_axis, neutral_fill, static_value
 from ..ir.matchers import Located, code, find_call_node, is_call_to, jnp_alias, kernel_function, module_names, pl_alias
-from ..ir.scope import Scope, params, statements
+from ..ir.scope import Scope, fori_loops, loop_body_def, params, statements
 from .base import Pass
 
 LOOP = -1  # the pseudo grid axis the loop counter stands for in the mask's linear forms
@@ -33,16 +33,6 @@ def candidate(call: CallFacts) -> bool:
         and bool(prims & {"select_n", "select"})
         and bool(prims & {"scan", "while"})
     )
-
-
-def fori_loops(kernel: cst.FunctionDef) -> list[cst.Call]:
-    """The `fori_loop(lower, upper, body, init)` calls written in the kernel's own top-level statements."""
-    assert isinstance(kernel.body, cst.IndentedBlock)
-    out: list[cst.Call] = []
-    for stmt in kernel.body.body:
-        if isinstance(stmt, cst.SimpleStatementLine):
-            out += [c for c in m.findall(stmt, m.Call()) if isinstance(c, cst.Call) and is_call_to(c, "fori_loop")]
-    return out
 
 
 @dataclass(frozen=True)
@@ -75,7 +65,7 @@ class SkipMaskedChunksPass(Pass):
                 continue
             kernel = kernel_function(loc, find_call_node(loc, c))
             if kernel is not None and isinstance(kernel.body, cst.IndentedBlock):
-                out += [cls(call=c.index, loop=i) for i in range(len(fori_loops(kernel)))]
+                out += [cls(call=c.index, loop=i) for i in range(len(fori_loops(kernel, streamed=True)))]
         return tuple(out)
 
     def apply(self, ir: KernelIR) -> KernelIR:
@@ -87,7 +77,7 @@ class SkipMaskedChunksPass(Pass):
         kernel = kernel_function(loc, node)
         check(kernel is not None and isinstance(kernel.body, cst.IndentedBlock), "cannot find the kernel function")
         assert kernel is not None
-        loops = fori_loops(kernel)
+        loops = fori_loops(kernel, streamed=True)
         check(self.loop < len(loops), f"the kernel has {len(loops)} fori_loop(s) in its top-level statements")
         loop = loops[self.loop]
         namespace = vars(ir.workload.module) if ir.workload is not None else {}
@@ -100,19 +90,6 @@ class SkipMaskedChunksPass(Pass):
         args[1] = args[1].with_changes(value=cst.parse_expression(upper))
         new = loop.with_changes(args=args)
         return ir.with_module(replace_many(loc.wrapper.module, {loop: new}), self.spec())
-
-
-def _body_def(kernel: cst.FunctionDef, loop: cst.Call) -> cst.FunctionDef:
-    check(
-        len(loop.args) == 4 and all(a.keyword is None for a in loop.args), "the fori_loop is not (lo, hi, body, init)"
-    )
-    body = loop.args[2].value
-    check(isinstance(body, cst.Name), "the loop body is not a function named in the kernel")
-    assert isinstance(body, cst.Name)
-    defs = [s for s in statements(kernel) if isinstance(s, cst.FunctionDef) and s.name.value == body.value]
-    check(len(defs) == 1, f"the loop body `{body.value}` is not defined once in the kernel")
-    check(len(params(defs[0])) == 2, f"`{body.value}` does not take (index, carry)")
-    return defs[0]
 
 
 def _helper_scope(
@@ -219,7 +196,7 @@ def _new_bounds(
     jnp: str,
 ) -> tuple[str, str]:
     """Source texts of the loop's narrowed (lower, upper) bounds."""
-    body = _body_def(kernel, loop)
+    body = loop_body_def(kernel, loop)
     counter = params(body)[0].name.value
     stmts = statements(kernel)
     at = next(i for i, s in enumerate(stmts) if loop in set(m.findall(s, m.Call())))

@@ -58,6 +58,8 @@ def headline(result: Any, style: tuple[str, str, Any] = RICH) -> str:
         head = f"the baseline {_verb(result)} on {result.target} ({esc(b.reason or 'no reason recorded')}); "
         if s.ok and result.recipe:
             return head + f"the optimized kernel does: {on}{fmt_time(s.time_s)}{off} ({esc(s.label)})"
+        if result.recipe and result.correct:
+            return head + f"the optimized kernel does, with no time at this tier ({esc(s.reason or '-')})"
         return head + "no candidate does either"
     return f"no speedup figure: the best kernel has no time at this tier ({esc(s.reason or '-')})"
 

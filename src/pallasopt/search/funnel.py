@@ -37,6 +37,10 @@ BASELINE_COMPILE_SHARE = 0.35
 
 
 UNVERIFIABLE = "compile skipped: unverifiable in the budget"
+# The rank of a candidate that the ranking tier ran without a fault but gave no time (libtpu's static estimate of a
+# loop whose trip count changes per step), where the baseline has no time there either (it does not fit VMEM or
+# compile): after every timed candidate, before that baseline; among themselves by the model's time (`Funnel.key`).
+UNTIMED_S = 1e6
 
 
 class Funnel:
@@ -125,9 +129,28 @@ class Funnel:
         return not self.out_of_time() and (m is None or len(self.nodes) < m)
 
     def key(self, n: Node) -> float:
-        """The node's time at the ranking tier (inf: none)."""
+        """The node's time at the ranking tier; inf: none, unless it `rescues` the baseline (UNTIMED_S + its model
+        time: it runs where the baseline does not)."""
         s = score_of(n, self.score_tier)
-        return s.time_s if s else float("inf")
+        if s:
+            return s.time_s
+        if self.rescues(n):
+            m = n.results.get("model")
+            return UNTIMED_S + (m.time_s if m is not None and m.time_s is not None else UNTIMED_S)
+        return float("inf")
+
+    def rescues(self, n: Node) -> bool:
+        """Whether `n` has no time at the ranking tier but runs there (compiles, on the compiler tier) where the
+        baseline does not: a kernel that works beats one that does not fit, and the report says which tier could
+        not time it. (`tests/kernels/loops/window_loop_attention.py` at S=32768: the whole-K/V baseline overflows
+        VMEM; streamed and narrowed to the window, it compiles, and libtpu gives a loop with a per-step trip count
+        no time.)"""
+        return (
+            n is not self.root
+            and self.score_tier != "model"
+            and score_of(self.root, self.score_tier) is None
+            and n.passed(self.score_tier)
+        )
 
     def rank_key(self, n: Node) -> tuple[float, str]:
         """THE order of candidates in every strategy and in the outcome: time at the ranking tier, ties broken by
@@ -594,13 +617,13 @@ class Funnel:
 
     # -- the end ----------------------------------------------------------------------------------------------------
     def verified(self) -> list[Node]:
-        """Every node that passed its check and has a time at the ranking tier, best first."""
-        ok = [n for n in self.nodes.values() if n.passed("check") and score_of(n, self.score_tier)]
+        """Every node that passed its check and has a time at the ranking tier (or rescues the baseline), best first."""
+        ok = [n for n in self.nodes.values() if n.passed("check") and self.key(n) < float("inf")]
         return sorted(ok, key=self.rank_key)
 
     def outcome(self, stop: str, strategy: str = "beam") -> SearchOutcome:
         best = min(
-            (n for n in self.nodes.values() if n.passed("check") and score_of(n, self.score_tier)),
+            (n for n in self.nodes.values() if n.passed("check") and self.key(n) < float("inf")),
             key=self.rank_key,
             default=self.root,
         )
