@@ -125,6 +125,12 @@ def test_refs_that_cannot_stream_stay_and_declines_name_why(tmp_path, window) ->
         assert StreamChunksPass.choices(ir, V5E) == ()
         with pytest.raises(PassNotApplicable, match=why):
             StreamChunksPass().apply(ir)
+    # an unrolled loop streams, unrolled as before; skip-masked-chunks declines it (its bounds would be dynamic)
+    unrolled = _variant(tmp_path, "chunk, init)", "chunk, init, unroll=2)", "unrolled.py")
+    src = StreamChunksPass().apply(unrolled).source
+    assert "(k_ref, v_ref), CHUNK, (0, 0), unroll=2)" in src
+    with pytest.raises(PassNotApplicable, match="unrolled"):
+        SkipMaskedChunksPass().apply(unrolled)
     once = StreamChunksPass().apply(window)  # the loop now streams: nothing left to move
     assert StreamChunksPass.choices(once, V5E) == ()
     with pytest.raises(PassNotApplicable, match="manual DMA"):

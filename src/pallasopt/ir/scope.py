@@ -145,14 +145,18 @@ def fori_loops(kernel: cst.FunctionDef, streamed: bool = False) -> list[cst.Call
     return out
 
 
-def loop_body_def(kernel: cst.FunctionDef, loop: cst.Call) -> cst.FunctionDef:
+def loop_body_def(kernel: cst.FunctionDef, loop: cst.Call, unroll: bool = False) -> cst.FunctionDef:
     """The function a `fori_loop(lower, upper, body, init)` (or `_stream_fori_loop`) of the kernel runs: a def in
-    the kernel taking (index, carry) (then the chunks, for a streamed loop); declines any other form."""
+    the kernel taking (index, carry) (then the chunks, for a streamed loop); declines any other form, and an
+    `unroll=` keyword unless `unroll` (jax unrolls only a loop whose bounds are static)."""
     streamed = is_call_to(loop, STREAM_LOOP)
+    positional = [a for a in loop.args if a.keyword is None]
+    keywords = {a.keyword.value for a in loop.args if a.keyword is not None}
     check(
-        len(loop.args) == (7 if streamed else 4) and all(a.keyword is None and not a.star for a in loop.args),
-        "the fori_loop is not (lo, hi, body, init)",
+        len(positional) == (7 if streamed else 4) and not any(a.star for a in loop.args) and keywords <= {"unroll"},
+        "the fori_loop is not (lo, hi, body, init[, unroll=...])",
     )
+    check(unroll or not keywords, "the fori_loop is unrolled (`unroll=`): jax unrolls only a loop with static bounds")
     body = loop.args[2].value
     check(isinstance(body, cst.Name), "the loop body is not a function named in the kernel")
     assert isinstance(body, cst.Name)

@@ -71,7 +71,7 @@ def _stream_kernel(kernel, in_specs, positions, n_grid, n_prefetch):
     return run
 
 
-def _stream_fori_loop(lower, upper, body, init, refs, chunk, axes):
+def _stream_fori_loop(lower, upper, body, init, refs, chunk, axes, unroll=1):
     """`jax.lax.fori_loop(lower, upper, body, init)` whose iteration j reads rows [j * chunk, (j + 1) * chunk) along
     `axes[i]` of each HBM ref `refs[i]` from a two-slot VMEM ring filled by DMA one iteration ahead; the body is
     called as `body(j, carry, *chunks)`."""
@@ -111,7 +111,7 @@ def _stream_fori_loop(lower, upper, body, init, refs, chunk, axes):
 
             return body(j, carry, *[buf.at[slot] for buf in bufs])
 
-        return jax.lax.fori_loop(lower, upper, step, init)
+        return jax.lax.fori_loop(lower, upper, step, init, unroll=unroll)
 
     return {pl}.run_scoped(scoped, *rings, {pltpu}.SemaphoreType.DMA((len(refs), 2)))
 '''
@@ -267,7 +267,7 @@ def plan(module: cst.Module, facts: CallFacts, loop_index: int) -> _Plan:
     loops = fori_loops(kernel)
     check(loop_index < len(loops), f"the kernel has {len(loops)} fori_loop(s) in its top-level statements")
     loop = loops[loop_index]
-    body = loop_body_def(kernel, loop)
+    body = loop_body_def(kernel, loop, unroll=True)
     counter = params(body)[0].name.value
     streamed: list[tuple[str, int, tuple[_Read, ...]]] = []
     reasons: list[str] = []
@@ -395,10 +395,10 @@ def _kernel_edits(loc: Located, p: _Plan) -> dict[cst.CSTNode, cst.CSTNode]:
     assert isinstance(body, cst.FunctionDef)
     extra = [cst.Param(cst.Name(n)) for n in names]
     body = body.with_changes(params=body.params.with_changes(params=[*body.params.params, *extra]))
-    args = [code(a.value) for a in p.loop.args]
-    loop = cst.parse_expression(
-        f"{STREAM_LOOP}({', '.join(args)}, {_tuple(p.refs)}, {p.chunk}, {_tuple(str(a) for a in p.axes)})"
-    )
+    args = [code(a.value) for a in p.loop.args if a.keyword is None]
+    args += [f"{a.keyword.value}={code(a.value)}" for a in p.loop.args if a.keyword is not None]
+    streams = f"{_tuple(p.refs)}, {p.chunk}, {_tuple(str(a) for a in p.axes)}"
+    loop = cst.parse_expression(f"{STREAM_LOOP}({', '.join(args[:4])}, {streams}{''.join(', ' + a for a in args[4:])})")
     return {p.body: body, p.loop: loop}
 
 
