@@ -476,24 +476,30 @@ def test_candidates_whose_check_cannot_end_in_the_budget_are_not_compiled(matmul
     assert len(big) >= 12 and all(n.skipped.startswith(UNVERIFIABLE) and "foreseen at 510 s" in n.skipped for n in big)
 
 
+class BaselineOverLimit(FakeTiers):
+    """The model says the baseline (block rows `root_bm`) does not fit VMEM; every other tier as FakeTiers."""
+
+    def __init__(self, root_bm: int, bad_bm: frozenset[int] = frozenset()) -> None:
+        super().__init__(bad_bm=bad_bm)
+        self.root_bm = root_bm
+
+    def unavailable(self, tier: str) -> str | None:  # the real tiers say which they have
+        return "no accelerator" if tier == "hardware" else None
+
+    def model(self, ir: KernelIR) -> TierResult:
+        r = super().model(ir)
+        if self.bm(ir) != self.root_bm:
+            return r
+        return TierResult("model", False, r.time_s, "call 0: VMEM footprint exceeds the scoped limit")
+
+
 def test_a_baseline_over_the_models_vmem_limit_and_no_passing_candidate_end_without_a_crash(matmul_ir) -> None:
     """JAXBench's 12_Gemm_Multiply_LeakyReLU: its baseline is over the model's VMEM limit, so it has no time at the
     ranking tier and nothing is verified until a candidate passes; the search crashed (IndexError) asking for the
     best verified state while it compiled. It must run on, and keep the baseline when no candidate passes."""
     root_bm = FakeTiers.bm(matmul_ir)
-
-    class OverLimit(FakeTiers):
-        def unavailable(self, tier: str) -> str | None:  # the real tiers say which they have
-            return "no accelerator" if tier == "hardware" else None
-
-        def model(self, ir: KernelIR) -> TierResult:
-            r = super().model(ir)
-            if self.bm(ir) != root_bm:
-                return r
-            return TierResult("model", False, r.time_s, "call 0: VMEM footprint exceeds the scoped limit")
-
     every_other = frozenset({8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096} - {root_bm})
-    tiers = OverLimit(bad_bm=every_other)
+    tiers = BaselineOverLimit(root_bm, bad_bm=every_other)
     out = run(matmul_ir, tiers, budget_seconds=1000.0, jobs=2)
     assert tiers.calls["compiler"] >= 2 and tiers.calls["check"] >= 2
     assert out.best is out.baseline and not any(n.passed("check") for n in out.nodes.values() if n.recipe)
@@ -507,22 +513,13 @@ def test_a_candidate_that_compiles_without_a_time_replaces_a_baseline_that_does_
     themselves; with no timed candidate, one of those is the result (and must pass its check)."""
     root_bm = FakeTiers.bm(matmul_ir)
 
-    class Untimed(FakeTiers):
-        def unavailable(self, tier: str) -> str | None:
-            return "no accelerator" if tier == "hardware" else None
-
-        def model(self, ir: KernelIR) -> TierResult:
-            r = super().model(ir)
-            if self.bm(ir) != root_bm:
-                return r
-            return TierResult("model", False, r.time_s, "call 0: VMEM footprint exceeds the scoped limit")
-
+    class Untimed(BaselineOverLimit):
         def compiler(self, ir: KernelIR) -> TierResult | None:
             self.calls["compiler"] += 1
             return TierResult("compiler", True, None, "no time: a loop whose trip count changes per step")
 
     small = frozenset(b for b in (8, 16, 32) if b != root_bm)
-    out = run(matmul_ir, Untimed(bad_bm=small), depth=1, budget_seconds=1000.0)
+    out = run(matmul_ir, Untimed(root_bm, bad_bm=small), depth=1, budget_seconds=1000.0)
     assert out.best is not out.baseline and out.best.passed("check") and out.score_tier == "compiler"
     assert FakeTiers.bm(out.best.ir) not in small
     models = {n.results["model"].time_s for n in out.nodes.values() if n.passed("check") and n.recipe}
