@@ -55,3 +55,11 @@ def test_passes_lists(capsys) -> None:
     rows = json.loads(capsys.readouterr().out)
     assert isinstance(rows, list)
     assert len({r["name"] for r in rows}) == len(rows)
+    assert not any("  " in r["summary"] for r in rows)  # one line each, indentation folded
+
+
+def test_passes_text_keeps_brackets(capsys) -> None:
+    """A summary's `ref[pl.ds(...)]` is text, not rich markup (it was swallowed as a style tag)."""
+    assert main(["passes"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "k_ref[pl.ds(j * C, C), :]" in out

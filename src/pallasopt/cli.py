@@ -159,7 +159,7 @@ def cmd_passes(args: argparse.Namespace, console: Console) -> int:
         console.print("no passes registered")
     for row in rows:
         params = ", ".join(f"{k}={v}" for k, v in row["params"].items())
-        console.print(f"[bold cyan]{row['name']}[/] {{{params}}}\n    {row['summary']}")
+        console.print(f"[bold cyan]{row['name']}[/] {{{escape(params)}}}\n    {escape(row['summary'])}")
     return ExitCode.OK
 
 

@@ -27,7 +27,7 @@ class Pass:
     @classmethod
     def summary(cls) -> str:
         doc = (cls.__doc__ or "").strip()
-        return doc.split("\n\n")[0].replace("\n", " ")
+        return " ".join(doc.split("\n\n")[0].split())  # one line: the docstring's indentation folded
 
     @classmethod
     def choices(cls, ir: KernelIR, chip: Chip) -> tuple[Pass, ...]:
