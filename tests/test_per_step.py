@@ -252,6 +252,35 @@ def test_first_step_init_costs_the_same_as_the_old_weighting() -> None:
     assert estimate_call(call, V5E).time_s == pytest.approx(estimate_call(aggregate, V5E).time_s)
 
 
+def test_a_predicate_is_evaluated_on_the_axes_it_reads_with_the_same_sums() -> None:
+    """`j == 0` reads axis 1 only, `j <= i` both: each branching records its axes, and the per-step sums over the
+    sub-grid of the axes read (each point standing for the steps it covers) equal those over every step."""
+    import dataclasses
+
+    init_only, both = causal(skip=False, clamp=False), causal(skip=True, clamp=False)
+    assert [b.axes for b in init_only.body.branchings] == [frozenset({1})]
+    assert [b.axes for b in both.body.branchings] == [frozenset({1}), frozenset({0, 1})]
+    for call in (init_only, both):
+        unknown = dataclasses.replace(
+            call,
+            body=dataclasses.replace(
+                call.body, branchings=tuple(dataclasses.replace(b, axes=None) for b in call.body.branchings)
+            ),
+        )
+        assert estimate_call(call, V5E).time_s == pytest.approx(estimate_call(unknown, V5E).time_s, rel=1e-12)
+        assert estimate_call(call, V5E).mxu_s == pytest.approx(estimate_call(unknown, V5E).mxu_s, rel=1e-12)
+
+
+def test_a_predicate_from_a_jitted_helper_reading_program_id_has_unknown_axes() -> None:
+    """A helper under jax.jit that calls program_id itself: the outer jaxpr shows no program_id feeding the
+    predicate, so which axes it reads is unknown (None: evaluated on every step), never "none"."""
+    src = CAUSAL.replace("SKIP", "False").replace("CLAMP", "False").replace(
+        "    @pl.when(j == 0)", "    @pl.when(_first())"
+    ) + "\n\n@jax.jit\ndef _first():\n    return pl.program_id(1) == 0\n"
+    (b,) = traced(src).body.branchings
+    assert b.axes is None
+
+
 # A hand-pipelined body (the shape of tokamax's megablox gmm under emit_pipeline): no grid, one `fori_loop` whose
 # bound is read from an SMEM input, a manual copy of one x block per iteration, and the matmul on even iterations
 # only. A static count sees one iteration (one DMA, one dot, an unbounded loop); the simulation runs it.

@@ -7,6 +7,7 @@ Used only when the closed forms cannot see it: a non-affine index map (a clamped
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -60,10 +61,18 @@ def evaluated_compute(
     of one step, in which each branching's branches were merged with their `assumed` weights; `serial`: the chip's
     `vector_serial` (a step's compute is max(MXU, VPU + EUP) + serial x min)."""
     branchings = call.body.branchings
-    n = call.steps
-    if not branchings or n > MAX_EVALUATED_STEPS:
+    if not branchings or call.steps > MAX_EVALUATED_STEPS:
         return None
-    pids = grid_indices(call.grid, order)
+    # Sums over steps do not depend on their order, and a predicate only on the axes it reads: the steps are those
+    # of the grid over the axes some predicate reads (the others held at 0), each standing for `weight` steps.
+    # (TilePass.choices on llm_swiglu_mlp spent 6.4 of its 8.7 s here, evaluating k == 0 on every step.)
+    read = set().union(*(b.axes for b in branchings if b.axes is not None))
+    if any(b.axes is None for b in branchings):
+        read = set(range(len(call.grid)))
+    sub = [g if a in read else 1 for a, g in enumerate(call.grid)]
+    n = math.prod(sub)
+    weight = call.steps / n if n else 0.0
+    pids = grid_indices(sub, order)
     mxu = np.full(n, per_step[0])
     vpu = np.full(n, per_step[1])
     eup = np.full(n, per_step[2])
@@ -86,9 +95,9 @@ def evaluated_compute(
         return None
     mxu, vpu, eup = (np.maximum(a, 0.0) for a in (mxu, vpu, eup))  # rounding of the subtracted aggregate
     return StepCompute(
-        mxu_s=float(mxu.sum()),
-        vpu_s=float(vpu.sum()),
-        eup_s=float(eup.sum()),
-        compute_s=float((np.maximum(mxu, vpu + eup) + serial * np.minimum(mxu, vpu + eup)).sum()),
+        mxu_s=weight * float(mxu.sum()),
+        vpu_s=weight * float(vpu.sum()),
+        eup_s=weight * float(eup.sum()),
+        compute_s=weight * float((np.maximum(mxu, vpu + eup) + serial * np.minimum(mxu, vpu + eup)).sum()),
         fractions=tuple(fractions),
     )

@@ -108,6 +108,7 @@ def _count_body(
     `prof`: a simulation of the body (`ir/loops.py`): loop trip counts and branch fractions it evaluated replace
     the static rules (a while counted once, a cond not on program ids charged its costly branch)."""
     pids: dict[Any, set[int]] = {}  # vars derived from program_id, by grid axis (for pl.when weighting)
+    hidden_pids: set[Any] = set()  # vars derived from a program_id read inside a nested jaxpr (axes unknown)
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         src: set[int] = set()
@@ -116,8 +117,12 @@ def _count_body(
                 src |= pids.get(v, set())
         if name == "program_id":
             src = {int(eqn.params["axis"])}
+        # a nested jaxpr (a jitted helper) that reads the ids itself: which axes its outputs follow is not tracked
+        hidden = _reads_program_id(eqn) or any(v in hidden_pids for v in eqn.invars if not _is_literal(v))
         for out in eqn.outvars:
             pids[out] = src
+            if hidden:
+                hidden_pids.add(out)
         acc["prims"].add(name)
         out_elems = sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
         for v in eqn.outvars:
@@ -208,7 +213,9 @@ def _count_body(
                 if p < 1.0:
                     _merge(acc, subs[0], 1.0 - p)
                 if top is not None and multiplier == 1:
-                    record = _branching(jaxpr, eqn, p, grid, prefetch_refs)
+                    pred = eqn.invars[0]
+                    known = None if not _is_literal(pred) and pred in hidden_pids else frozenset(axes)
+                    record = _branching(jaxpr, eqn, p, grid, prefetch_refs, known)
                     if record is not None:
                         top.append(record)
         else:
@@ -216,11 +223,21 @@ def _count_body(
                 _count_body(sub, multiplier, acc, grid, prof=prof)
 
 
+def _is_literal(v: Any) -> bool:
+    return isinstance(v, jax.extend.core.Literal)
+
+
+def _reads_program_id(eqn: Any) -> bool:
+    """Whether a jaxpr nested in `eqn` (at any depth) calls program_id."""
+    return any(e.primitive.name == "program_id" or _reads_program_id(e) for j in subjaxprs(eqn) for e in j.eqns)
+
+
 def _branching(
-    jaxpr: Any, eqn: Any, p: float, grid: tuple[int, ...], prefetch_refs: frozenset[Any]
+    jaxpr: Any, eqn: Any, p: float, grid: tuple[int, ...], prefetch_refs: frozenset[Any], axes: frozenset[int] | None
 ) -> Branching | None:
     """The per-step record of a top-level cond (merged into the aggregate with weight p on its heaviest branch and
-    1 - p on its lightest), or None when its predicate is not scalar arithmetic on program ids and prefetch values."""
+    1 - p on its lightest), or None when its predicate is not scalar arithmetic on program ids and prefetch values.
+    `axes`: the grid axes the predicate's value derives from (None: not known)."""
     pred = eqn.invars[0]
     if isinstance(pred, jax.extend.core.Literal) or not slice_supported(jaxpr, pred, prefetch_refs):
         return None
@@ -247,6 +264,7 @@ def _branching(
         assumed=tuple(assumed),
         uses_prefetch=not slice_supported(jaxpr, pred, frozenset()),
         select=select,
+        axes=axes,
     )
 
 

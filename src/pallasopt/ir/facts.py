@@ -147,6 +147,9 @@ class Branching:
     select: Callable[[Sequence[np.ndarray], Sequence[int], Sequence[np.ndarray] | None], np.ndarray] | None = field(
         default=None, compare=False, repr=False
     )
+    # The grid axes the predicate's value derives from (through any arithmetic, prefetch lookup or nested jaxpr that
+    # reads program ids); None: unknown, evaluate it on every step.
+    axes: frozenset[int] | None = None
 
 
 @dataclass(frozen=True)
