@@ -274,9 +274,12 @@ def test_a_predicate_is_evaluated_on_the_axes_it_reads_with_the_same_sums() -> N
 def test_a_predicate_from_a_jitted_helper_reading_program_id_has_unknown_axes() -> None:
     """A helper under jax.jit that calls program_id itself: the outer jaxpr shows no program_id feeding the
     predicate, so which axes it reads is unknown (None: evaluated on every step), never "none"."""
-    src = CAUSAL.replace("SKIP", "False").replace("CLAMP", "False").replace(
-        "    @pl.when(j == 0)", "    @pl.when(_first())"
-    ) + "\n\n@jax.jit\ndef _first():\n    return pl.program_id(1) == 0\n"
+    src = (
+        CAUSAL.replace("SKIP", "False")
+        .replace("CLAMP", "False")
+        .replace("    @pl.when(j == 0)", "    @pl.when(_first())")
+        + "\n\n@jax.jit\ndef _first():\n    return pl.program_id(1) == 0\n"
+    )
     (b,) = traced(src).body.branchings
     assert b.axes is None
 
