@@ -66,7 +66,7 @@ def evaluated_compute(
     # Sums over steps do not depend on their order, and a predicate only on the axes it reads: the steps are those
     # of the grid over the axes some predicate reads (the others held at 0), each standing for `weight` steps.
     # (TilePass.choices on llm_swiglu_mlp spent 6.4 of its 8.7 s here, evaluating k == 0 on every step.)
-    read = set().union(*(b.axes for b in branchings if b.axes is not None))
+    read = {a for b in branchings for a in (b.axes or ())}
     if any(b.axes is None for b in branchings):
         read = set(range(len(call.grid)))
     sub = [g if a in read else 1 for a, g in enumerate(call.grid)]

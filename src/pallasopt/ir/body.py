@@ -214,7 +214,7 @@ def _count_body(
                     _merge(acc, subs[0], 1.0 - p)
                 if top is not None and multiplier == 1:
                     pred = eqn.invars[0]
-                    known = None if not _is_literal(pred) and pred in hidden_pids else frozenset(axes)
+                    known = None if not _is_literal(pred) and pred in hidden_pids else tuple(sorted(axes))
                     record = _branching(jaxpr, eqn, p, grid, prefetch_refs, known)
                     if record is not None:
                         top.append(record)
@@ -233,7 +233,7 @@ def _reads_program_id(eqn: Any) -> bool:
 
 
 def _branching(
-    jaxpr: Any, eqn: Any, p: float, grid: tuple[int, ...], prefetch_refs: frozenset[Any], axes: frozenset[int] | None
+    jaxpr: Any, eqn: Any, p: float, grid: tuple[int, ...], prefetch_refs: frozenset[Any], axes: tuple[int, ...] | None
 ) -> Branching | None:
     """The per-step record of a top-level cond (merged into the aggregate with weight p on its heaviest branch and
     1 - p on its lightest), or None when its predicate is not scalar arithmetic on program ids and prefetch values.

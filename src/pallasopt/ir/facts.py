@@ -149,7 +149,7 @@ class Branching:
     )
     # The grid axes the predicate's value derives from (through any arithmetic, prefetch lookup or nested jaxpr that
     # reads program ids); None: unknown, evaluate it on every step.
-    axes: frozenset[int] | None = None
+    axes: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
