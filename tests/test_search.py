@@ -586,3 +586,37 @@ def test_candidates_the_compiler_rejects_are_replaced_by_the_next_in_model_order
     out = run(matmul_ir, tiers, beam=1, depth=1)
     assert out.best is not out.baseline and out.best.passed("compiler")
     assert FakeTiers.bm(out.best.ir) not in failing
+
+
+def _fake(recipe: tuple[str, ...], model_s: float):
+    from pallasopt.search.node import Node
+
+    n = Node(recipe, "d" + ",".join(recipe), "root", len(recipe), None)
+    n.results["model"] = TierResult("model", True, model_s, "")
+    return n
+
+
+def test_competing_calls_share_a_depths_compiles() -> None:
+    """llm_swiglu_mlp: the model times the best down-projection and gate/up tiles 0.3% apart; the eight compiles of
+    depth 1 all went to the down projection and the budget ended before a step tiled the other call (1.96x, 0.16x
+    of XLA). Where two calls compete, a depth compiles prune // n^2 of each, round-robin, the rest kept for refills
+    (the same bench command then found both calls tiled: 10.34x [C], 0.82x of XLA)."""
+    from pallasopt.search.candidates import share_calls
+
+    down = [_fake((f"tile{{call=1,tm={t}}}",), 0.0955 + i * 1e-5) for i, t in enumerate((64, 128, 256, 512, 1024))]
+    gate = [_fake((f"tile{{call=0,tm={t}}}",), 0.0958 + i * 1e-5) for i, t in enumerate((64, 128, 256, 512))]
+    other = [_fake(("vmem-limit{call=0,mib=32}",), 0.175), _fake(("fuse{producer=0}",), 0.0957)]
+    ordered = sorted(down + gate + other, key=lambda n: n.results["model"].time_s)
+    out, prune = share_calls(ordered, 8)
+    assert prune == 4 and [n.recipe[-1] for n in out[:4]] == [
+        "tile{call=1,tm=64}",
+        "tile{call=0,tm=64}",
+        "tile{call=1,tm=128}",
+        "tile{call=0,tm=128}",
+    ]
+    assert sorted(n.digest for n in out) == sorted(n.digest for n in ordered)  # nothing dropped: the rest refill
+    # one call far ahead (a matmul and its cheap epilogue call): unchanged
+    cheap = [_fake(("tile{call=1,tm=64}",), 0.2)]
+    assert share_calls(down + cheap, 8) == (down + cheap, 8)
+    # a single call: unchanged
+    assert share_calls(down, 8) == (down, 8)

@@ -21,7 +21,7 @@ from ..cost_model.hardware import Chip
 from ..harness.check_dims import INTERPRET_S_PER_ELEMENT_STEP
 from ..ir.kernel_ir import KernelIR
 from ..passes.base import Pass
-from .candidates import apply_choice, evaluate_baseline, one_per_signature, signature, truncate
+from .candidates import apply_choice, evaluate_baseline, one_per_signature, share_calls, signature, truncate
 from .node import BaselineIncorrect, Node, ProgressFn, SearchOutcome, score_of
 from .ranking import RANKING_TIERS, choose_tier, tier_works, unavailable_reason
 from .spend import Ledger
@@ -321,7 +321,7 @@ class Funnel:
         )
         prune = prune if prune is not None else (None if want is None else want * PRUNE_FACTOR)
         self._lead, self._reserve_s = None, None
-        ordered = one_per_signature(alive)
+        ordered, prune = share_calls(one_per_signature(alive), prune)
         alive, rest = ordered[:prune], ([] if prune is None else ordered[prune:])
         if self.compile_children:
             passed = self._compile_new(alive, bar)
