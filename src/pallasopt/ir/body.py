@@ -118,7 +118,10 @@ def _count_body(
         if name == "program_id":
             src = {int(eqn.params["axis"])}
         # a nested jaxpr (a jitted helper) that reads the ids itself: which axes its outputs follow is not tracked
-        hidden = _reads_program_id(eqn) or any(v in hidden_pids for v in eqn.invars if not _is_literal(v))
+        # (only the top level records Branchings, so only there is it looked for)
+        hidden = top is not None and (
+            _reads_program_id(eqn) or any(v in hidden_pids for v in eqn.invars if not _is_literal(v))
+        )
         for out in eqn.outvars:
             pids[out] = src
             if hidden:
