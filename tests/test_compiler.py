@@ -184,6 +184,23 @@ def test_targets() -> None:
         compile_matmul(target="v99")
 
 
+def test_kernels_are_put_in_call_order_by_their_hlo_sequence_numbers() -> None:
+    profile = [("f.12", 5), ("copy.3", 7), ("f.3", 11), ("f.12", 1)]
+    assert compiler.kernel_cycles_in_call_order(profile, {"f.3", "f.12"}) == [11, 6]  # 3 before 12, repeats summed
+    assert compiler.kernel_cycles_in_call_order(profile, {"f.3", "copy.3"}) is None  # stems differ: no common order
+    assert compiler.kernel_cycles_in_call_order([("custom", 4)], {"custom"}) is None  # no number
+
+
+def test_each_kernel_is_scaled_by_its_own_calls_ratio() -> None:
+    profile = [("f.2", 100), ("f.3", 10), ("copy.1", 4)]
+    kernels = {"f.2", "f.3"}
+    by_call = compiler._scaled_cycles(profile, kernels, compiler._Scales(8.0, (16.0, 2.0)))
+    assert by_call == (100 * 16 + 10 * 2 + 4 * 8, None)  # XLA ops keep the module's ratio
+    assert compiler._scaled_cycles(profile, kernels, compiler._Scales(8.0, ())) == (114 * 8.0, None)
+    one_kernel, note = compiler._scaled_cycles(profile, {"f.2"}, compiler._Scales(8.0, (16.0, 2.0)))
+    assert one_kernel == 114 * 8.0 and note is not None and "1 kernels could not be matched" in note
+
+
 # ---- real compiles ------------------------------------------------------------------------------------------------
 
 
@@ -321,3 +338,60 @@ def test_a_clash_with_the_profile_is_compiled_again_without_it(monkeypatch: pyte
     monkeypatch.setattr(compiler, "_run_child", child([clash, real]))
     r = compile_matmul()
     assert not r.ok and r.error_kind == "vmem_oom" and len(calls) == 2
+
+
+TWO_CALLS = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def _double(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0
+
+
+def _rowsum(h_ref, o_ref):
+    o_ref[...] = jnp.sum(h_ref[...], axis=1, keepdims=True)
+
+
+def two_calls(x):
+    m, n = x.shape
+    h = pl.pallas_call(
+        _double,
+        grid=(m // 8, n // 128),
+        in_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, j))],
+        out_specs=pl.BlockSpec((8, 128), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+    )(x)
+    return pl.pallas_call(
+        _rowsum,
+        grid=(m // 8,),
+        in_specs=[pl.BlockSpec((8, n), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((8, 1), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, 1), x.dtype),
+    )(h)
+
+
+def reference(x):
+    return jnp.sum(x * 2.0, axis=1, keepdims=True)
+
+
+def make_inputs(key, M=64, N=512):
+    return (jax.random.normal(key, (M, N), jnp.float32),)
+"""
+
+
+@needs_libtpu
+def test_two_calls_are_scaled_by_their_own_ratios() -> None:
+    """The first call's grid walks N, the second's does not: the kernels' cycles (in call order) scale apart."""
+    r = compile_module(TWO_CALLS, "kernels/two.py", "two_calls", {}, "v5e", steps_scale=3.0, call_scales=(4.0, 1.0))
+    assert r.ok, r.error
+    kernels = {name.removeprefix("pallas:") for name, _ in r.per_op_cycles if name.startswith("pallas:")}
+    ordered = compiler.kernel_cycles_in_call_order([(n.split(":", 1)[1], c) for n, c in r.per_op_cycles], kernels)
+    assert ordered is not None and len(ordered) == 2 and r.note is None and r.call_scales == (4.0, 1.0)
+    xla = r.xla_cycles or 0
+    clock = get_chip("v5e").clock_hz
+    # the order is the calls': the first call's 8 x 4 steps cost more than the second's 8
+    first, second = ordered
+    assert first > second
+    assert r.estimated_s == pytest.approx((first * 4.0 + second * 1.0 + xla * 3.0) / clock)

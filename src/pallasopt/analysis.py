@@ -16,7 +16,7 @@ def analyze_ir(ir: KernelIR, target: str, *, compile: bool = False) -> tuple[lis
     if not compile:
         return [est], None
     from .cost_model.compiler import compile_module, libtpu_available
-    from .search.tiers import Tiers, reduce_dims_for_compile
+    from .search.tiers import Tiers
 
     if not libtpu_available():
         raise EnvironmentProblem("--compile needs libtpu, which is not installed", hint="pip install 'pallasopt[tpu]'")
@@ -31,7 +31,6 @@ def analyze_ir(ir: KernelIR, target: str, *, compile: bool = False) -> tuple[lis
             "time_s": tier.time_s,
             "message": tier.message,
         }
-    ref_dims, _ = reduce_dims_for_compile(ir)
     ref = compile_module(ir.source, ir.path, "reference", dict(ir.dims), chip.name, timeout_s=300)
     out["reference (XLA)"] = {
         "ok": ref.ok,
@@ -42,5 +41,4 @@ def analyze_ir(ir: KernelIR, target: str, *, compile: bool = False) -> tuple[lis
         "steps_scale": 1.0,
         "time_s": ref.estimated_s,
     }
-    del ref_dims
     return [est], out

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,10 @@ class CompileReport:
 
     estimated_cycles: sum of the static LLO profile's ``estimated_cycles`` over every op of the compiled program
       (Pallas kernels and XLA ops alike); `kernel_cycles` and `xla_cycles` split it. None when no profile came back.
-    estimated_s: ``estimated_cycles / chip.clock_hz * steps_scale`` (on-core time only: no HBM bandwidth model).
+    estimated_s: ``estimated_cycles / chip.clock_hz * steps_scale`` (on-core time only: no HBM bandwidth model);
+      with `call_scales`, each Pallas kernel's cycles are scaled by its own call's step ratio instead.
+    call_scales: the step ratio of each `pallas_call` in program order, when the caller's reduced dims cut the calls'
+      grids by different ratios (empty: `steps_scale` for all). `note` says so when the kernels could not be matched.
     per_op_cycles: ``("pallas:<hlo name>" | "xla:<hlo name>", cycles)`` for each profiled op.
     note: a remark on an ok report (no static profile on this target, or the profile crashed libtpu).
     vmem_bytes: scoped VMEM the compiler allocated (the largest over the Pallas kernels, else over all ops), or,
@@ -76,6 +79,7 @@ class CompileReport:
     vmem_bytes: int | None = None
     compile_s: float = 0.0
     steps_scale: float = 1.0
+    call_scales: tuple[float, ...] = ()
     kernel_cycles: int | None = None
     xla_cycles: int | None = None
     cost_analysis: tuple[tuple[str, float], ...] = ()
@@ -231,6 +235,7 @@ def compile_module(
     target: str,
     *,
     steps_scale: float = 1.0,
+    call_scales: Sequence[float] = (),
     timeout_s: float = 120,
     dump_profile: bool = True,
     pool: CompilePool | None = None,
@@ -248,6 +253,9 @@ def compile_module(
     linear in the step count once a grid has >~100 steps. So the CALLER should pass reduced `dims` (same blocks,
     fewer steps) and ``steps_scale = full steps / reduced steps``; this function only multiplies:
     ``estimated_s = estimated_cycles / clock_hz * steps_scale`` (`estimated_cycles` stays the reduced program's).
+    Where the reduction cut the calls' grids by different ratios, `call_scales` gives each call's own ratio (in the
+    order the calls run in the entry's trace): the kernels' cycles are matched to the calls by their HLO names'
+    sequence numbers, which follow the trace order (`kernel_cycles_in_call_order`).
 
     `pool`: compile in one of its warm workers instead of a fresh child (same report; `compile_s` is then what
     this call waited). The retry without the profile after libtpu crashed on it always runs in a fresh child.
@@ -257,7 +265,7 @@ def compile_module(
 
     def report(**kw: Any) -> CompileReport:  # every exit goes through here
         kw.setdefault("compile_s", time.perf_counter() - t0)
-        return CompileReport(target=chip.name, steps_scale=steps_scale, **kw)
+        return CompileReport(target=chip.name, steps_scale=steps_scale, call_scales=tuple(call_scales), **kw)
 
     if chip.is_gpu or not chip.topology:
         return report(ok=False, error=f"{chip.name} is not a TPU: no deviceless compile", error_kind="unsupported")
@@ -317,7 +325,8 @@ def compile_module(
             return report(ok=False, error=_crash_message(stderr, rc), error_kind="crash")
         if not reply.get("ok"):
             return _failure(reply, report)
-        return _success(chip, reply, profiles if profile else [], steps_scale, report, note)
+        scales = _Scales(steps_scale, tuple(call_scales))
+        return _success(chip, reply, profiles if profile else [], scales, report, note)
 
 
 _Report = Callable[..., CompileReport]
@@ -331,11 +340,54 @@ def _failure(reply: Mapping[str, Any], report: _Report) -> CompileReport:
     return report(ok=False, error=_trim(msg), error_kind=kind)
 
 
+_HLO_SEQ = re.compile(r"\.(\d+)$")
+
+
+def kernel_cycles_in_call_order(profile: Sequence[tuple[str, int]], kernels: set[str]) -> list[int] | None:
+    """The Pallas kernels' cycles in the order their calls were traced, or None when that order cannot be told.
+
+    JAX names each lowered `pallas_call` after the jitted entry with a sequence number (``matmul_softmax.2``,
+    ``matmul_softmax.3``) given as the trace is lowered, so the numbers follow the trace order whatever order the
+    scheduler runs them in. A kernel name without a number, names with different stems (numbers count per stem) or
+    two with the same number leave it unknown."""
+    cycles: dict[str, int] = {}
+    for name, c in profile:
+        if name in kernels:
+            cycles[name] = cycles.get(name, 0) + c
+    seqs = {name: _HLO_SEQ.search(name) for name in cycles}
+    if any(m is None for m in seqs.values()) or len({n[: m.start()] for n, m in seqs.items() if m}) > 1:
+        return None  # numbers are per name: kernels named after different functions have no common order
+    order = sorted(cycles, key=lambda n: int(seqs[n].group(1)))  # type: ignore[union-attr]
+    if len({int(seqs[n].group(1)) for n in order}) != len(order):  # type: ignore[union-attr]
+        return None
+    return [cycles[n] for n in order]
+
+
+@dataclass(frozen=True)
+class _Scales:
+    steps: float
+    calls: tuple[float, ...]
+
+
+def _scaled_cycles(profile: Sequence[tuple[str, int]], kernels: set[str], scales: _Scales) -> tuple[float, str | None]:
+    """Cycles of the whole program at the full dims, and a note when the per-call scales could not be used."""
+    total = sum(c for _, c in profile)
+    if not scales.calls or len(set(scales.calls)) == 1:
+        return total * scales.steps, None
+    ordered = kernel_cycles_in_call_order(profile, kernels)
+    if ordered is None or len(ordered) != len(scales.calls):
+        found = "unnumbered kernel names" if ordered is None else f"{len(ordered)} kernels"
+        why = f"the reduced dims cut the {len(scales.calls)} calls' grids by different ratios, but {found}"
+        return total * scales.steps, f"{why} could not be matched to them: every kernel scaled by the module's ratio"
+    xla = sum(c for name, c in profile if name not in kernels)
+    return sum(c * k for c, k in zip(ordered, scales.calls, strict=True)) + xla * scales.steps, None
+
+
 def _success(
     chip: Chip,
     reply: Mapping[str, Any],
     profile: list[tuple[str, int]],
-    steps_scale: float,
+    scales: _Scales,
     report: _Report,
     note: str | None,
 ) -> CompileReport:
@@ -348,6 +400,7 @@ def _success(
     kernel_cycles = sum(c for name, c in profile if name in kernels)
     xla_cycles = sum(c for name, c in profile if name not in kernels)
     total = kernel_cycles + xla_cycles if profile else None
+    scaled, unmatched = _scaled_cycles(profile, kernels, scales) if profile else (0.0, None)
 
     scoped = [op for op in ops if op.get("scoped_vmem") is not None]
     in_kernels = [int(op["scoped_vmem"]) for op in scoped if op["name"] in kernels]
@@ -356,9 +409,9 @@ def _success(
     cost = tuple(sorted((str(k), float(v)) for k, v in (reply.get("cost_analysis") or {}).items()))
     return report(
         ok=True,
-        note=note,
+        note="; ".join(n for n in (note, unmatched) if n) or None,
         estimated_cycles=total,
-        estimated_s=None if total is None else total / chip.clock_hz * steps_scale,
+        estimated_s=None if total is None else scaled / chip.clock_hz,
         per_op_cycles=per_op,
         vmem_bytes=vmem,
         kernel_cycles=kernel_cycles if profile else None,

@@ -30,7 +30,15 @@ def hardware_needs(chip: Chip) -> Needs:
 
 
 def compile_job(
-    source: str, path: str, entry: str, dims: Mapping[str, int], target: str, *, steps_scale: float, timeout_s: float
+    source: str,
+    path: str,
+    entry: str,
+    dims: Mapping[str, int],
+    target: str,
+    *,
+    steps_scale: float,
+    timeout_s: float,
+    call_scales: Sequence[float] = (),
 ) -> Job:
     kwargs = {
         "source": source,
@@ -39,6 +47,7 @@ def compile_job(
         "dims": dict(dims),
         "target": target,
         "steps_scale": steps_scale,
+        "call_scales": tuple(call_scales),
         "timeout_s": timeout_s,
     }
     return Job("compile", compiler.compile_module, kwargs, timeout_s, _CompileLost(target, steps_scale), CPU_JOB)

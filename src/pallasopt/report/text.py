@@ -41,10 +41,15 @@ def print_estimates(console: Console, estimates: Sequence[Estimate], compiled: A
                 console.print(
                     f"compiler ({rep.get('target')}, tier: compiler estimate) for {name}: "
                     f"static estimate {_ms(rep.get('estimated_s'))} at dims {rep.get('dims')}"
-                    f" x{rep.get('steps_scale', 1):.1f} steps; with the HBM floor {_ms(rep.get('time_s'))}"
+                    f" x{rep.get('steps_scale', 1):.1f} steps{_per_call(rep.get('call_scales'))};"
+                    f" with the HBM floor {_ms(rep.get('time_s'))}"
                 )
             else:
                 console.print(f"compiler ({rep.get('target')}) for {name}: [red]rejected[/]: {rep.get('error')}")
+
+
+def _per_call(scales: Any) -> str:
+    return f" (per call: {', '.join(f'x{k:.1f}' for k in scales)})" if scales else ""
 
 
 def _ms(t: Any) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -112,6 +112,15 @@ def model_tier(ir: KernelIR, chip: Chip) -> TierResult:
 STEP_WORK_UNIT_FLOPS = 2 * 128**3
 STEP_WORK_CAP = 256  # 128^3-matmul step units: the compile stays at the cost of 256 plain 128^3 steps ...
 MIN_COMPILE_STEPS = 64  # ... but never below this many steps (a few % over-estimate; see `compile_steps_cap`)
+# Each call of a module keeps at least this many grid steps (or all it has) when the dims are reduced: a call's
+# fixed cost (the first blocks' fetch, the last block's write-back, a block fetched once) is multiplied by the step
+# ratio with the rest. Measured (v5e static schedule, 2026-12-05, fused_06 `tile{call=0,axis1=4096}`, whose call 0
+# fetches its whole 8 MiB weight once): call 0 kept at 2 / 4 / 8 / 16 / 32 steps by the reduction extrapolates to
+# 1.087 / 0.887 / 0.788 / 0.738 / 0.713 ms, against 0.705 / 0.702 ms at 48 / 56 steps (docs/cost-model.md).
+MIN_CALL_STEPS = 16
+FLOOR_MIN_SHARE = 0.1  # ... for a call with at least this share of the module's model time (a router's 2 steps
+# beside 57k expert steps, llm_moe, would otherwise keep 896 heavy expert steps: a 100 s compile for < 1% of the time)
+FLOOR_GIVES_WAY_STEPS = 1024  # ... unless the module would then keep more steps than this (the compile's cost)
 
 
 def compile_steps_cap(ir: KernelIR, max_steps: int = 256) -> int:
@@ -129,21 +138,51 @@ def compile_steps_cap(ir: KernelIR, max_steps: int = 256) -> int:
     return max(min(MIN_COMPILE_STEPS, max_steps), min(max_steps, int(STEP_WORK_CAP / per_step)))
 
 
+@dataclass(frozen=True)
+class CompileDims:
+    """The dims the compiler tier compiles at, and how to scale the estimate back to the real dims: `scale` is the
+    module's step ratio; `call_scales` each call's own, when the reduction cut the calls by different ratios (a
+    dim that only one call's grid walks), else empty."""
+
+    dims: dict[str, int]
+    scale: float
+    call_scales: tuple[float, ...] = ()
+
+
 def reduce_dims_for_compile(ir: KernelIR, max_steps: int = 256) -> tuple[dict[str, int], float]:
-    """Smaller dims with the same blocks so the compiler's profile dump stays fast; returns dims and the step ratio.
+    """`compile_dims` as (dims, the module's step ratio)."""
+    d = compile_dims(ir, max_steps)
+    return d.dims, d.scale
+
+
+def compile_dims(ir: KernelIR, max_steps: int = 256, call_times: Sequence[float] = ()) -> CompileDims:
+    """Smaller dims with the same blocks so the compiler's profile dump stays fast, with the step ratios.
 
     The static estimate is linear in grid steps beyond ~100 steps (FACTS.md), so the estimate at the reduced dims is
-    scaled by (steps at the real dims) / (steps at the reduced dims).
+    scaled by (steps at the real dims) / (steps at the reduced dims), each call by its own ratio where they differ
+    (`CompileDims.call_scales`: in a matmul then a row reduction, halving N cuts the matmul's grid, not the
+    reduction's, whose blocks span N). A dim is halved while the module has more than
+    `max_steps` steps, and never so far that a call is left with fewer than `MIN_CALL_STEPS` (or the steps it had):
+    in a module of two calls the small one would otherwise be cut to 2 steps, and its fixed cost scaled up with the
+    rest. With `call_times` (the model's time of each call) the floor holds only for calls with at least
+    `FLOOR_MIN_SHARE` of the total. That floor gives way only while the module has more than `FLOOR_GIVES_WAY_STEPS` steps (it keeps a call at
+    no more steps than the `MIN_COMPILE_STEPS` a single-call module keeps, however heavy its steps).
     """
     from ..ir.trace import trace_calls
 
     dims = dict(ir.dims)
     if ir.workload is None:  # untrusted (LLM-written) source: never traced in this process
-        return dims, 1.0
+        return CompileDims(dims, 1.0)
     full = sum(c.steps for c in ir.calls)
     blocks = [[o.block_shape for o in c.operands] for c in ir.calls]
+    total_time = sum(call_times)
+    known = total_time > 0 and len(call_times) == len(ir.calls)
+    shares = [t / total_time for t in call_times] if known else [1.0] * len(ir.calls)
+    floors = [
+        min(c.steps, MIN_CALL_STEPS) if w >= FLOOR_MIN_SHARE else 1 for c, w in zip(ir.calls, shares, strict=False)
+    ]
 
-    def steps_of(d: Mapping[str, int]) -> int | None:
+    def steps_of(d: Mapping[str, int]) -> list[int] | None:
         try:
             calls = trace_calls(ir.workload, d)  # type: ignore[arg-type]
         except Exception:
@@ -156,9 +195,9 @@ def reduce_dims_for_compile(ir: KernelIR, max_steps: int = 256) -> tuple[dict[st
             for g, g0 in zip(c.grid, c0.grid, strict=False)
         ):
             return None
-        return sum(c.steps for c in calls)
+        return [c.steps for c in calls]
 
-    current = full
+    current, reduced = full, [c.steps for c in ir.calls]
     frozen: set[str] = set()
     while current > max_steps and len(frozen) < len(dims):
         for name in list(dims):
@@ -168,12 +207,18 @@ def reduce_dims_for_compile(ir: KernelIR, max_steps: int = 256) -> tuple[dict[st
                 frozen.add(name)
                 continue
             trial = {**dims, name: dims[name] // 2}
-            s = steps_of(trial)
-            if s is None or s >= current:
+            per_call = steps_of(trial)
+            if per_call is None or sum(per_call) >= current:
                 frozen.add(name)
                 continue
-            dims, current = trial, s
-    return dims, full / max(current, 1)
+            under = any(s < f for s, f in zip(per_call, floors, strict=False))
+            if under and current <= FLOOR_GIVES_WAY_STEPS:
+                frozen.add(name)
+                continue
+            dims, current, reduced = trial, sum(per_call), per_call
+    scale = full / max(current, 1)
+    ratios = tuple(c.steps / max(r, 1) for c, r in zip(ir.calls, reduced, strict=True))
+    return CompileDims(dims, scale, ratios if len(set(ratios)) > 1 else ())
 
 
 def corrected_static(static_s: float, steps: int, chip: Chip) -> float:
@@ -282,12 +327,23 @@ class Tiers:
         if deadline is not None:
             timeout = min(timeout, max(MIN_COMPILE_S, deadline - time.perf_counter()))
 
-        def compile_at(dims: Mapping[str, int], scale: float) -> Any:
-            job = compile_job(ir.source, ir.path, ir.entry, dims, self.chip.name, steps_scale=scale, timeout_s=timeout)
+        def compile_at(dims: Mapping[str, int], scale: float, call_scales: tuple[float, ...]) -> Any:
+            job = compile_job(
+                ir.source,
+                ir.path,
+                ir.entry,
+                dims,
+                self.chip.name,
+                steps_scale=scale,
+                call_scales=call_scales,
+                timeout_s=timeout,
+            )
             return self.executor.run(job)
 
-        dims, scale = reduce_dims_for_compile(ir, compile_steps_cap(ir))
-        rep = compile_at(dims, scale)
+        call_times = [c.time_s for c in estimate_calls(ir.calls, self.chip).calls]
+        reduced = compile_dims(ir, compile_steps_cap(ir), call_times)
+        dims, scale = reduced.dims, reduced.scale
+        rep = compile_at(dims, scale, reduced.call_scales)
         if not rep.ok and rep.error_kind == "timeout" and timeout < self.compile_timeout_s:
             msg = f"stopped at the search budget after {timeout:.0f} s (not a verdict on the kernel)"
             return TierResult("compiler", False, None, msg, {"dims": dims, "budget_cut": True})
@@ -295,7 +351,7 @@ class Tiers:
             # The reduced dims can break a module's own invariants (e.g. query heads < KV heads): compile the real
             # size instead (slower with the profile, but the answer is for the size the user asked about).
             dims, scale = dict(ir.dims), 1.0
-            rep = compile_at(dims, scale)
+            rep = compile_at(dims, scale, ())
         data = {"dims": dims, "steps_scale": scale, "report": _report_dict(rep), "error_kind": rep.error_kind or ""}
         if not rep.ok:
             return TierResult("compiler", False, None, f"{rep.error_kind}: {rep.error}", data)
