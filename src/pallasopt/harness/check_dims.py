@@ -69,7 +69,21 @@ def _acceptable(calls: tuple[CallFacts, ...], base: tuple[CallFacts, ...]) -> bo
         for g, g0 in zip(c.grid, b.grid, strict=True):
             if g < min(2, g0):
                 return False
+        if _overhangs(c) - _overhangs(b):
+            return False  # a block bigger than its array at these dims only: the kernel reads past the array
     return True
+
+
+def _overhangs(call: CallFacts) -> set[tuple[int, int]]:
+    """(operand, dim) whose block is bigger than the array. A grid extent written as a constant (a fused kernel's
+    one-step K axis) traces at any size, so a 1024-wide K block on a 256-wide K array traced, read padding, and
+    failed the check with NaN at dims the kernel was never meant for."""
+    return {
+        (i, d)
+        for i, op in enumerate(call.operands)
+        for d, (n, blk) in enumerate(zip(op.shape, op.block_shape, strict=False))
+        if blk is not None and blk > n
+    }
 
 
 def _largest(calls: tuple[CallFacts, ...]) -> int:

@@ -20,11 +20,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import libcst as cst
+import libcst.matchers as m
 
 from ..workload import load_source
 from .cst_edit import replace_integers
 from .facts import CallFacts, Operand
-from .matchers import Located, Pos, find_call_node, free_names, is_blockspec, spec_list
+from .matchers import (
+    Located,
+    Pos,
+    enclosing_function,
+    find_call_node,
+    free_names,
+    is_blockspec,
+    kernel_function,
+    spec_list,
+)
 from .trace import trace_calls
 
 PROTECTED_FUNCTIONS = ("reference", "make_inputs", "hand_tuned")
@@ -537,3 +547,79 @@ def scaled_values(sites: tuple[Site, ...], old: int, new: int) -> dict[Pos, int]
                 return None
             values[s.pos] = s.value * new // old
     return values
+
+
+# --- untying a knob ------------------------------------------------------------------------------------------------
+
+
+def tied(knob: Knob, all_knobs: tuple[Knob, ...]) -> bool:
+    """A knob one name sets along several grid axes (`BLOCK` for a matmul's M, N and K) or in several calls: the
+    tile pass can only move those together unless the name is untied first (`untie`)."""
+    named = any(site.bound_name == knob.name for site in knob.sites)
+    return named and (len(knob.axes) > 1 or any(k.name == knob.name and k.call != knob.call for k in all_knobs))
+
+
+def untie(module: cst.Module, knob: Knob) -> cst.Module:
+    """The module with every read of the name that binds `knob`'s literal replaced by the literal itself, so each
+    read becomes a literal of its own that knob discovery can place on its own axis (`tile{untie=BLOCK,...}`).
+
+    The name is a module-level constant (`BLOCK = 128`) or a parameter default (`def _matmul(x, w, block=128)`);
+    reads are found by scope analysis (a local that shadows it is not touched). The binding stays. Raises ValueError
+    with the reason when it cannot be done: no such binding, or the name is read in a kernel body (the body would
+    keep the old size while its blocks moved) or in the protected functions."""
+    from libcst.metadata import ScopeProvider
+
+    loc = Located.of(module)
+    owner = _binding_owner(loc, _binding(loc, knob))
+    scope = loc.wrapper.resolve(ScopeProvider).get(owner) if owner is not None else None
+    if scope is None:
+        raise ValueError(f"{knob.name!r} is not a module constant or a parameter default")
+    assignments = [a for a in scope.assignments[knob.name] if getattr(a, "node", None) is owner]
+    if len(assignments) != 1 or len(scope.assignments[knob.name]) != 1:
+        raise ValueError(f"{knob.name!r} is bound more than once in its scope")
+    reads = [r.node for r in assignments[0].references if isinstance(r.node, cst.Name)]
+    if not reads:
+        raise ValueError(f"{knob.name!r} is never read")
+    kernels = {k for c in loc.calls if (k := kernel_function(loc, c)) is not None}
+    for node in reads:
+        fn = enclosing_function(loc, node)
+        while fn is not None:
+            if fn in kernels:
+                raise ValueError(f"{knob.name!r} is read in the kernel body {fn.name.value!r}")
+            if fn.name.value in PROTECTED_FUNCTIONS:
+                raise ValueError(f"{knob.name!r} is read in {fn.name.value!r}")
+            fn = enclosing_function(loc, fn)
+    value = cst.Integer(str(knob.value))
+    targets = {id(n) for n in reads}
+
+    class Inline(cst.CSTTransformer):
+        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+            return value if id(original) in targets else updated
+
+    return module.visit(Inline())
+
+
+def _binding(loc: Located, knob: Knob) -> cst.Integer:
+    """The literal whose bound name is the knob's name."""
+    for site in knob.sites:
+        if site.bound_name != knob.name:
+            continue
+        for node in m.findall(loc.wrapper.module, m.Integer()):
+            if isinstance(node, cst.Integer) and loc.start(node) == site.pos:
+                return node
+    raise ValueError(f"no literal is bound to {knob.name!r}")
+
+
+def _binding_owner(loc: Located, literal: cst.Integer) -> cst.CSTNode | None:
+    """The node libcst's scope analysis records as the assignment of the literal's name: the target `Name` of
+    `NAME = 128` / `NAME: int = 128`, or the `Param` of a default."""
+    cur = loc.parent(literal)
+    while isinstance(cur, cst.UnaryOperation):
+        cur = loc.parent(cur)
+    if isinstance(cur, cst.Param):
+        return cur
+    if isinstance(cur, cst.Assign) and len(cur.targets) == 1 and isinstance(cur.targets[0].target, cst.Name):
+        return cur.targets[0].target
+    if isinstance(cur, cst.AnnAssign) and isinstance(cur.target, cst.Name):
+        return cur.target
+    return None

@@ -615,6 +615,8 @@ def _extent(
             written = shape.elements[d].value if isinstance(shape, cst.Tuple | cst.List) else None
             text = code(written) if written is not None and portable(written, names) else str(size)
             return cst.parse_expression(f"{pl_alias(loc.wrapper.module)}.cdiv({code(p_ops[i])}.shape[{d}], {text})")
+    # A one-step axis (a whole-K block) traces as a constant row in every map: the extent cannot be tied to an input
+    # dim, and a literal 1 would silently reduce only the first block at a larger K than the default's.
     check(False, f"no producer input walks its grid axis {axis}")
     raise AssertionError
 

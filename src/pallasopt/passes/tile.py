@@ -17,7 +17,7 @@ from ..errors import KernelError, PassNotApplicable, UsageError, check
 from ..ir.cst_edit import replace_integers, set_compiler_param
 from ..ir.facts import BodyStats, CallFacts, Operand, Scratch
 from ..ir.kernel_ir import KernelIR
-from ..ir.knobs import Knob, discover_knobs, scaled_values
+from ..ir.knobs import Knob, discover_knobs, scaled_values, tied, untie
 from .base import Pass
 from .vmem_limit import STEPS_MIB
 
@@ -39,22 +39,36 @@ class TilePass(Pass):
     (literal, constant, default argument, functools.partial keyword), and is verified by re-tracing. `vmem_mib`
     (offered where the call's blocks already fill half its scoped VMEM limit) also raises `vmem_limit_bytes` to
     that many MiB, for blocks past the limit: the tile and the limit that lets it compile are one move, so a search
-    does not need a first step (the limit alone) that gains nothing to reach them.
+    does not need a first step (the limit alone) that gains nothing to reach them. `untie=NAME` (offered where one
+    name sets the block along several axes, `BLOCK` for a matmul's M, N and K) first replaces each read of that name
+    by its value (`ir/knobs.untie`), so each axis gets a knob of its own (`axis<g>`) and the sizes name those: the
+    same kind of one move as `vmem_mib`, since untying alone changes nothing.
     """
 
     name: ClassVar[str] = "tile"
     call: int = 0
     sizes: tuple[tuple[str, int], ...] = ()
     vmem_mib: int = 0  # > 0: also raise the call's vmem_limit_bytes to this many MiB
+    untie: str = ""  # a tied knob's name, untied first; `sizes` then name the knobs of the untied module
 
     def params(self) -> dict[str, Any]:
-        return {"call": self.call, **dict(self.sizes), **({"vmem_mib": self.vmem_mib} if self.vmem_mib else {})}
+        untie = {"untie": self.untie} if self.untie else {}
+        return {
+            "call": self.call,
+            **untie,
+            **dict(self.sizes),
+            **({"vmem_mib": self.vmem_mib} if self.vmem_mib else {}),
+        }
 
     @classmethod
     def from_params(cls, params: Mapping[str, str]) -> Pass:
         sizes: list[tuple[str, int]] = []
         call = vmem_mib = 0
+        untie = ""
         for k, v in params.items():
+            if k == "untie":
+                untie = v
+                continue
             try:
                 n = int(v)
             except ValueError:
@@ -67,7 +81,12 @@ class TilePass(Pass):
                 if n <= 0:
                     raise UsageError(f"pass 'tile': {k}={n} must be positive")
                 sizes.append((k, n))
-        return cls(call=call, sizes=tuple(sizes), vmem_mib=vmem_mib)
+        return cls(call=call, sizes=tuple(sizes), vmem_mib=vmem_mib, untie=untie)
+
+    def _base(self, ir: KernelIR) -> KernelIR:
+        """The module the sizes apply to: `ir`, or `ir` with `untie` untied."""
+        check(0 <= self.call < len(ir.calls), f"no pallas_call #{self.call} (the module has {len(ir.calls)})")
+        return untied(ir, self.call, self.untie) if self.untie else ir
 
     def _knobs(self, ir: KernelIR) -> list[tuple[Knob, int]]:
         check(0 <= self.call < len(ir.calls), f"no pallas_call #{self.call} (the module has {len(ir.calls)})")
@@ -82,6 +101,7 @@ class TilePass(Pass):
 
     def predict(self, ir: KernelIR) -> tuple[CallFacts, ...]:
         """The facts the rewrite should produce, computed without re-tracing (for ranking many choices)."""
+        ir = self._base(ir)
         chosen = self._knobs(ir)
         try:
             return predict(ir.calls, knobs_of(ir), chosen)
@@ -90,8 +110,9 @@ class TilePass(Pass):
             raise PassNotApplicable(f"{sizes} does not divide the blocks or the grid evenly ({e})") from None
 
     def apply(self, ir: KernelIR) -> KernelIR:
-        chosen = self._knobs(ir)
         expected = self.predict(ir)
+        base = self._base(ir)
+        chosen = self._knobs(base)
         values: dict[tuple[int, int], int] = {}
         for knob, size in chosen:
             scaled = scaled_values(knob.sites, knob.value, size)
@@ -99,10 +120,10 @@ class TilePass(Pass):
             assert scaled is not None
             values.update(scaled)
         try:
-            new = ir.with_module(replace_integers(ir.module, values), self.spec())
+            new = ir.with_module(replace_integers(base.module, values), self.spec())
         except KernelError as e:  # e.g. a library kernel that asserts block_k divides block_k_major
             raise PassNotApplicable(f"the rewritten module does not trace: {e.message}") from None
-        padded = padded_axes(knobs_of(ir), chosen)
+        padded = padded_axes(knobs_of(base), chosen)
         for got, want in zip(new.calls, expected, strict=True):
             # Run-time extents, and extents of arrays the wrapper pads to the block (their true size is not in the
             # facts): the re-trace has the last word on those.
@@ -129,32 +150,102 @@ class TilePass(Pass):
             mine = [k for k in knobs if k.call == call.index]
             if not mine:
                 continue
-            options = [_options(call, k) for k in mine]
-            known = set(legality_problems(call, chip))
-            scored: list[tuple[float, TilePass]] = []
-            for combo in itertools.product(*options):
-                if all(size == k.value for k, size in zip(mine, combo, strict=True)):
+            scored = _scored(cls, ir, call.index, mine, chip, "")
+            for knob in mine:
+                if not tied(knob, knobs):
                     continue
-                chosen = [(k, s) for k, s in zip(mine, combo, strict=True)]
                 try:
-                    facts = predict(ir.calls, knobs, chosen)
-                except Exception:
+                    base = untied(ir, call.index, knob.name)
+                except PassNotApplicable:
                     continue
-                new_call = facts[call.index]
-                if set(legality_problems(new_call, chip)) - known:
-                    continue  # a rule the candidate breaks (one the input already breaks is the compiler's call)
-                mib = _vmem_mib(call, new_call, chip)
-                if mib is None:
-                    continue
-                if mib:
-                    new_call = dataclasses.replace(new_call, vmem_limit_bytes=mib * 2**20)
-                    facts = (*facts[: call.index], new_call, *facts[call.index + 1 :])
-                t = sum(estimate_call(c, chip).time_s for c in facts)
-                p = cls(call=call.index, sizes=tuple((k.name, s) for k, s in chosen if s != k.value), vmem_mib=mib)
-                scored.append((t, p))
+                theirs = [k for k in knobs_of(base) if k.call == call.index]
+                derived = [k for k in theirs if (k.name, k.axes) not in {(o.name, o.axes) for o in mine}]
+                if len(derived) < 2:
+                    continue  # still one knob after untying (a body that needs square blocks)
+                scored += _scored(cls, base, call.index, theirs, chip, knob.name, apart=derived)
             scored.sort(key=lambda x: (x[0], x[1].spec()))
             out.extend(p for _, p in scored)  # the whole space, model-best first: strategies truncate
         return tuple(out)
+
+
+def _scored(
+    cls: type[TilePass],
+    ir: KernelIR,
+    index: int,
+    mine: list[Knob],
+    chip: Chip,
+    untie: str,
+    apart: Sequence[Knob] = (),
+) -> list[tuple[float, TilePass]]:
+    """Every size combination of call `index`'s knobs `mine` with the model's time of the whole module; with
+    `apart` (the knobs an untie made), only combinations that move them by different ratios (the others are the tied
+    knob's own choices)."""
+    call = ir.calls[index]
+    knobs = knobs_of(ir)
+    options = [_options(call, k) for k in mine]
+    known = set(legality_problems(call, chip))
+    scored: list[tuple[float, TilePass]] = []
+    for combo in itertools.product(*options):
+        if all(size == k.value for k, size in zip(mine, combo, strict=True)):
+            continue
+        chosen = [(k, s) for k, s in zip(mine, combo, strict=True)]
+        if apart and len({s / k.value for k, s in chosen if k in apart}) < 2:
+            continue
+        try:
+            facts = predict(ir.calls, knobs, chosen)
+        except Exception:
+            continue
+        new_call = facts[call.index]
+        if set(legality_problems(new_call, chip)) - known:
+            continue  # a rule the candidate breaks (one the input already breaks is the compiler's call)
+        mib = _vmem_mib(call, new_call, chip)
+        if mib is None:
+            continue
+        if mib:
+            new_call = dataclasses.replace(new_call, vmem_limit_bytes=mib * 2**20)
+            facts = (*facts[: call.index], new_call, *facts[call.index + 1 :])
+        t = sum(estimate_call(c, chip).time_s for c in facts)
+        sizes = tuple((k.name, s) for k, s in chosen if s != k.value)
+        scored.append((t, cls(call=call.index, sizes=sizes, vmem_mib=mib, untie=untie)))
+    return scored
+
+
+_UNTIED: dict[tuple[str, int, str], KernelIR | str] = {}
+UNTIED_CACHE = 64
+
+
+def untied(ir: KernelIR, call: int, name: str) -> KernelIR:
+    """`ir` with knob `name` of call `call` untied (`ir/knobs.untie`), re-traced and checked to trace to the same
+    grids and blocks; cached by source digest. PassNotApplicable says why it cannot be untied."""
+    key = (ir.digest, call, name)
+    hit = _UNTIED.get(key)
+    if hit is None:
+        hit = _untie(ir, call, name)
+        _UNTIED[key] = hit
+        while len(_UNTIED) > UNTIED_CACHE:
+            _UNTIED.pop(next(iter(_UNTIED)))
+    if isinstance(hit, str):
+        raise PassNotApplicable(hit)
+    return hit
+
+
+def _untie(ir: KernelIR, call: int, name: str) -> KernelIR | str:
+    knobs = knobs_of(ir)
+    found = [k for k in knobs if k.call == call and k.name == name]
+    if not found:
+        return f"call {call} has no tile knob {name!r} to untie"
+    if not tied(found[0], knobs):
+        return f"{name!r} sets one axis of one call: nothing to untie"
+    try:
+        base = ir.with_module(untie(ir.module, found[0]), f"untie {name}")
+    except ValueError as e:
+        return f"cannot untie {name!r}: {e}"
+    except KernelError as e:
+        return f"untying {name!r} broke the trace: {e.message}"
+    shape = [(c.grid, [o.block_shape for o in c.operands]) for c in ir.calls]
+    if [(c.grid, [o.block_shape for o in c.operands]) for c in base.calls] != shape:
+        return f"untying {name!r} changed the traced grids or blocks"
+    return base
 
 
 def _vmem_mib(call: CallFacts, new: CallFacts, chip: Chip) -> int | None:
