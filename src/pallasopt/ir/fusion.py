@@ -75,15 +75,10 @@ def dataflow(ir: KernelIR, producer: int) -> tuple[int, int]:
 
 
 def pair_axes(
-    rows: Sequence[tuple[Sequence[int], Sequence[int]]],
-    c_grid: Sequence[int],
-    p_grid: Sequence[int],
-    p_counters: Sequence[int] = (),
+    rows: Sequence[tuple[Sequence[int], Sequence[int]]], c_grid: Sequence[int], p_grid: Sequence[int]
 ) -> dict[int, int]:
     """Consumer grid axis -> producer grid axis, from the index-map rows of the block they share. An axis with one
-    step traces as a constant row; it pairs with the one row left over on the other side. Where the producer has
-    several one-step axes left (a matmul tiled to whole-N and whole-K blocks), the axes its body reads as a step
-    counter (`p_counters`: `pl.program_id(2) == 0` initializes an accumulator along K) are not output axes."""
+    step traces as a constant row; it pairs with the one row left over on the other side."""
     sigma: dict[int, int] = {}
     c_left: list[int] = []
     p_left: list[int] = []
@@ -99,14 +94,10 @@ def pair_axes(
             c_left.append(ac)
     c_free = [a for a in range(len(c_grid)) if a not in sigma and a not in c_left and c_grid[a] == 1]
     p_free = [a for a in range(len(p_grid)) if a not in sigma.values() and a not in p_left and p_grid[a] == 1]
-    if len(p_free) > 1:
-        p_free = [a for a in p_free if a not in p_counters]
     if len(p_left) == 1 and len(c_free) == 1:
-        sigma[c_free.pop()] = p_left.pop()
+        sigma[c_free[0]] = p_left.pop()
     if len(c_left) == 1 and len(p_free) == 1:
-        sigma[c_left.pop()] = p_free.pop()
-    if len(c_free) == 1 and len(p_free) == 1:  # one step on both sides: nothing to walk, nothing to tell apart
-        sigma[c_free.pop()] = p_free.pop()
+        sigma[c_left.pop()] = p_free[0]
     check(not p_left and not c_left, "a block dim walks a grid axis in one call only")
     return sigma
 
@@ -131,8 +122,7 @@ def link(ir: KernelIR, producer: int) -> Link:
             "tile them alike first",
         )
     assert h.index_map.affine is not None and out.index_map.affine is not None
-    rows = list(zip(h.index_map.affine, out.index_map.affine, strict=True))
-    sigma = pair_axes(rows, c.grid, p.grid, p.body.program_id_axes)
+    sigma = pair_axes(list(zip(h.index_map.affine, out.index_map.affine, strict=True)), c.grid, p.grid)
     check(len(sigma) == len(c.grid), "a consumer grid axis does not walk the producer's output")
     check(len(set(sigma.values())) == len(sigma), "two consumer axes walk one producer axis")
     for a, b in sigma.items():

@@ -615,8 +615,9 @@ def _extent(
             written = shape.elements[d].value if isinstance(shape, cst.Tuple | cst.List) else None
             text = code(written) if written is not None and portable(written, names) else str(size)
             return cst.parse_expression(f"{pl_alias(loc.wrapper.module)}.cdiv({code(p_ops[i])}.shape[{d}], {text})")
-    # A one-step axis (a whole-K block) traces as a constant row in every map: the extent cannot be tied to an input
-    # dim, and a literal 1 would silently reduce only the first block at a larger K than the default's.
+    # A one-step axis (a whole-K block) traces as a constant row in every map: neither the extent nor the fused index
+    # maps could follow it at a size where it has more steps (a literal 1 would reduce only the first block there, and
+    # the oracle's dims never exceed the defaults), so the fusion is declined: tile it to two or more steps first.
     check(False, f"no producer input walks its grid axis {axis}")
     raise AssertionError
 
