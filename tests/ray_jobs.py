@@ -36,7 +36,17 @@ def logged(path: Path) -> list[tuple[str, str, str]]:
     return [tuple(line.split()) for line in path.read_text().splitlines()]  # type: ignore[misc]
 
 
-def fake_compile(source: str, path: str, entry: str, dims: Any, target: str, *, steps_scale: float, timeout_s: float):
+def fake_compile(
+    source: str,
+    path: str,
+    entry: str,
+    dims: Any,
+    target: str,
+    *,
+    steps_scale: float,
+    timeout_s: float,
+    call_scales: Any = (),
+):
     """A deterministic 'static estimate' from the source text (a fixed table no executor can change)."""
     _log("compiler", source)
     cycles = 1000 + int(sha(source), 16) % 9000
