@@ -194,10 +194,10 @@ def test_kernels_are_put_in_call_order_by_their_hlo_sequence_numbers() -> None:
 def test_each_kernel_is_scaled_by_its_own_calls_ratio() -> None:
     profile = [("f.2", 100), ("f.3", 10), ("copy.1", 4)]
     kernels = {"f.2", "f.3"}
-    by_call = compiler._scaled_cycles(profile, kernels, compiler._Scales(8.0, (16.0, 2.0)))
+    by_call = compiler._scaled_cycles(profile, kernels, 4, compiler._Scales(8.0, (16.0, 2.0)))
     assert by_call == (100 * 16 + 10 * 2 + 4 * 8, None)  # XLA ops keep the module's ratio
-    assert compiler._scaled_cycles(profile, kernels, compiler._Scales(8.0, ())) == (114 * 8.0, None)
-    one_kernel, note = compiler._scaled_cycles(profile, {"f.2"}, compiler._Scales(8.0, (16.0, 2.0)))
+    assert compiler._scaled_cycles(profile, kernels, 4, compiler._Scales(8.0, ())) == (114 * 8.0, None)
+    one_kernel, note = compiler._scaled_cycles(profile, {"f.2"}, 14, compiler._Scales(8.0, (16.0, 2.0)))
     assert one_kernel == 114 * 8.0 and note is not None and "1 kernels could not be matched" in note
 
 

@@ -369,8 +369,11 @@ class _Scales:
     calls: tuple[float, ...]
 
 
-def _scaled_cycles(profile: Sequence[tuple[str, int]], kernels: set[str], scales: _Scales) -> tuple[float, str | None]:
-    """Cycles of the whole program at the full dims, and a note when the per-call scales could not be used."""
+def _scaled_cycles(
+    profile: Sequence[tuple[str, int]], kernels: set[str], xla: int, scales: _Scales
+) -> tuple[float, str | None]:
+    """Cycles of the whole program at the full dims (`xla`: the cycles of its XLA ops, which keep the module's
+    ratio), and a note when the per-call scales could not be used."""
     total = sum(c for _, c in profile)
     if not scales.calls or len(set(scales.calls)) == 1:
         return total * scales.steps, None
@@ -379,7 +382,6 @@ def _scaled_cycles(profile: Sequence[tuple[str, int]], kernels: set[str], scales
         found = "unnumbered kernel names" if ordered is None else f"{len(ordered)} kernels"
         why = f"the reduced dims cut the {len(scales.calls)} calls' grids by different ratios, but {found}"
         return total * scales.steps, f"{why} could not be matched to them: every kernel scaled by the module's ratio"
-    xla = sum(c for name, c in profile if name not in kernels)
     return sum(c * k for c, k in zip(ordered, scales.calls, strict=True)) + xla * scales.steps, None
 
 
@@ -400,7 +402,7 @@ def _success(
     kernel_cycles = sum(c for name, c in profile if name in kernels)
     xla_cycles = sum(c for name, c in profile if name not in kernels)
     total = kernel_cycles + xla_cycles if profile else None
-    scaled, unmatched = _scaled_cycles(profile, kernels, scales) if profile else (0.0, None)
+    scaled, unmatched = _scaled_cycles(profile, kernels, xla_cycles, scales) if profile else (0.0, None)
 
     scoped = [op for op in ops if op.get("scoped_vmem") is not None]
     in_kernels = [int(op["scoped_vmem"]) for op in scoped if op["name"] in kernels]

@@ -75,9 +75,9 @@ def _acceptable(calls: tuple[CallFacts, ...], base: tuple[CallFacts, ...]) -> bo
 
 
 def _overhangs(call: CallFacts) -> set[tuple[int, int]]:
-    """(operand, dim) whose block is bigger than the array. A grid extent written as a constant (a fused kernel's
-    one-step K axis) traces at any size, so a 1024-wide K block on a 256-wide K array traced, read padding, and
-    failed the check with NaN at dims the kernel was never meant for."""
+    """(operand, dim) whose block is bigger than the array. A kernel whose grid extent is written as a constant
+    (`grid=(m // BLOCK, 1)` over 1024-wide blocks) traces at any size, so stepping that dim down to 256 read padding
+    and failed the check with NaN at dims the kernel was never meant for."""
     return {
         (i, d)
         for i, op in enumerate(call.operands)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ..cost_model.hardware import Chip
-from ..cost_model.roofline import estimate_calls
+from ..cost_model.roofline import Estimate, estimate_calls
 from ..cost_model.wrapper import wrapper_cost
 from ..executors import Executor
 from ..ir.kernel_ir import KernelIR
@@ -165,8 +165,9 @@ def compile_dims(ir: KernelIR, max_steps: int = 256, call_times: Sequence[float]
     `max_steps` steps, and never so far that a call is left with fewer than `MIN_CALL_STEPS` (or the steps it had):
     in a module of two calls the small one would otherwise be cut to 2 steps, and its fixed cost scaled up with the
     rest. With `call_times` (the model's time of each call) the floor holds only for calls with at least
-    `FLOOR_MIN_SHARE` of the total. That floor gives way only while the module has more than `FLOOR_GIVES_WAY_STEPS` steps (it keeps a call at
-    no more steps than the `MIN_COMPILE_STEPS` a single-call module keeps, however heavy its steps).
+    `FLOOR_MIN_SHARE` of the total. That floor gives way only while the module has more than
+    `FLOOR_GIVES_WAY_STEPS` steps (it keeps a call at no more steps than the `MIN_COMPILE_STEPS` a single-call
+    module keeps, however heavy its steps).
     """
     from ..ir.trace import trace_calls
 
@@ -179,7 +180,7 @@ def compile_dims(ir: KernelIR, max_steps: int = 256, call_times: Sequence[float]
     known = total_time > 0 and len(call_times) == len(ir.calls)
     shares = [t / total_time for t in call_times] if known else [1.0] * len(ir.calls)
     floors = [
-        min(c.steps, MIN_CALL_STEPS) if w >= FLOOR_MIN_SHARE else 1 for c, w in zip(ir.calls, shares, strict=False)
+        min(c.steps, MIN_CALL_STEPS) if w >= FLOOR_MIN_SHARE else 1 for c, w in zip(ir.calls, shares, strict=True)
     ]
 
     def steps_of(d: Mapping[str, int]) -> list[int] | None:
@@ -211,7 +212,7 @@ def compile_dims(ir: KernelIR, max_steps: int = 256, call_times: Sequence[float]
             if per_call is None or sum(per_call) >= current:
                 frozen.add(name)
                 continue
-            under = any(s < f for s, f in zip(per_call, floors, strict=False))
+            under = any(s < f for s, f in zip(per_call, floors, strict=True))
             if under and current <= FLOOR_GIVES_WAY_STEPS:
                 frozen.add(name)
                 continue
@@ -242,10 +243,11 @@ def roofline_floor(ir: KernelIR, chip: Chip) -> float:
     return max(flops / chip.device_peak_flops(dtypes[0]), compulsory / chip.device_hbm_bw_bytes_s)
 
 
-def compile_floor(ir: KernelIR, chip: Chip) -> float:
+def compile_floor(ir: KernelIR, chip: Chip, model: Estimate | None = None) -> float:
     """The compiler tier's floor: its DMA and edge HBM traffic at full bandwidth plus the wrapper's. The static
-    schedule does not model HBM bandwidth (FACTS.md), so the tier answers max(static estimate, this): never less."""
-    model = estimate_calls(ir.calls, chip)
+    schedule does not model HBM bandwidth (FACTS.md), so the tier answers max(static estimate, this): never less.
+    `model`: `estimate_calls(ir.calls, chip)` when the caller has it."""
+    model = model if model is not None else estimate_calls(ir.calls, chip)
     return sum(c.dma_s + c.edge_s for c in model.calls) + wrapper_cost(ir).seconds(chip)
 
 
@@ -340,8 +342,8 @@ class Tiers:
             )
             return self.executor.run(job)
 
-        call_times = [c.time_s for c in estimate_calls(ir.calls, self.chip).calls]
-        reduced = compile_dims(ir, compile_steps_cap(ir), call_times)
+        model = estimate_calls(ir.calls, self.chip)
+        reduced = compile_dims(ir, compile_steps_cap(ir), [c.time_s for c in model.calls])
         dims, scale = reduced.dims, reduced.scale
         rep = compile_at(dims, scale, reduced.call_scales)
         if not rep.ok and rep.error_kind == "timeout" and timeout < self.compile_timeout_s:
@@ -355,7 +357,7 @@ class Tiers:
         data = {"dims": dims, "steps_scale": scale, "report": _report_dict(rep), "error_kind": rep.error_kind or ""}
         if not rep.ok:
             return TierResult("compiler", False, None, f"{rep.error_kind}: {rep.error}", data)
-        hbm_floor = compile_floor(ir, self.chip)
+        hbm_floor = compile_floor(ir, self.chip, model)
         static = rep.estimated_s if rep.estimated_s is not None else math.nan
         if not math.isnan(static) and any(c.body.loop_trips_vary for c in ir.calls):
             static = math.nan
