@@ -15,7 +15,8 @@ def analyze_ir(ir: KernelIR, target: str, *, compile: bool = False) -> tuple[lis
     est = estimate_calls(ir.calls, chip)
     if not compile:
         return [est], None
-    from .cost_model.compiler import compile_module, libtpu_available
+    from .bench.estimate import CompilerEstimator
+    from .cost_model.compiler import libtpu_available
     from .search.tiers import Tiers
 
     if not libtpu_available():
@@ -31,14 +32,12 @@ def analyze_ir(ir: KernelIR, target: str, *, compile: bool = False) -> tuple[lis
             "time_s": tier.time_s,
             "message": tier.message,
         }
-    ref = compile_module(ir.source, ir.path, "reference", dict(ir.dims), chip.name, timeout_s=300)
+    ref = CompilerEstimator(chip, None, timeout_s=300)(ir, "reference")
     out["reference (XLA)"] = {
-        "ok": ref.ok,
+        "ok": ref.error is None and ref.time_s is not None,
         "target": chip.name,
         "error": ref.error,
-        "estimated_s": ref.estimated_s,
-        "dims": dict(ir.dims),
-        "steps_scale": 1.0,
-        "time_s": ref.estimated_s,
+        "time_s": ref.time_s,
+        "method": ref.method,
     }
     return [est], out

@@ -7,6 +7,7 @@ Edits are minimal (one node each) so the output keeps the user's formatting and 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 import libcst as cst
 import libcst.matchers as m
@@ -27,6 +28,8 @@ from .matchers import (
     resolve_local,
     used_names,
 )
+
+N = TypeVar("N", bound=cst.CSTNode)
 
 
 def replace_node(module: cst.Module, old: cst.CSTNode, new: cst.CSTNode) -> cst.Module:
@@ -273,14 +276,16 @@ def set_compiler_param(module: cst.Module, call: CallFacts, key: str, value: cst
 _EQ = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
 
 
-def replace_many(module: cst.Module, mapping: Mapping[cst.CSTNode, cst.CSTNode]) -> cst.Module:
-    """Replace several nodes (by identity, as found in `module`) in one traversal."""
+def replace_many(module: N, mapping: Mapping[cst.CSTNode, cst.CSTNode]) -> N:
+    """Replace several nodes (by identity, as found in `module`, or in any other node) in one traversal."""
 
     class Replacer(cst.CSTTransformer):
         def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:  # type: ignore[override]
             return mapping.get(original, updated)
 
-    return module.visit(Replacer())
+    out = module.visit(Replacer())
+    assert isinstance(out, type(module))
+    return out
 
 
 def portable(expr: cst.CSTNode, names: set[str]) -> bool:
@@ -354,3 +359,23 @@ def nested_into(loc: Located, edits: dict[cst.CSTNode, cst.CSTNode]) -> dict[cst
         if up is not None:
             out[up] = out[up].deep_replace(inner, out.pop(inner))
     return out
+
+
+def ref_via_scratch(
+    kernel: cst.FunctionDef, operand: int, ref: str, inner: str, prologue: Sequence[cst.BaseStatement]
+) -> cst.FunctionDef:
+    """The kernel taking its `operand`-th ref as `inner` (in `ref`'s place) and a new last positional parameter
+    named `ref` (a VMEM scratch the call adds), running `prologue` (which builds the scratch from `inner`) first thing
+    in the body, after a docstring: the body reads `ref` as before."""
+    params = list(kernel.params.params)
+    params[operand] = params[operand].with_changes(name=cst.Name(inner))
+    params[-1] = params[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    params.append(cst.Param(name=cst.Name(ref)))
+    body = kernel.body
+    assert isinstance(body, cst.IndentedBlock)
+    stmts = list(body.body)
+    first = 0
+    if stmts and m.matches(stmts[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])):
+        first = 1  # keep the docstring first
+    new_body = body.with_changes(body=[*stmts[:first], *prologue, *stmts[first:]])
+    return kernel.with_changes(params=kernel.params.with_changes(params=params), body=new_body)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -400,6 +400,47 @@ def bound_in_nested(kernel: cst.FunctionDef, name: str) -> bool:
         if any(p.name.value == name for p in params.params):
             return True
     return False
+
+
+def only_read(kernel: cst.FunctionDef, ref: str) -> bool:
+    """The body reads `ref` and never stores to it, rebinds it or rebinds it in a nested function."""
+    for target in m.findall(kernel.body, m.AssignTarget() | m.AugAssign() | m.AnnAssign()):
+        lhs = target.target  # type: ignore[attr-defined]
+        if any(isinstance(n, cst.Name) and n.value == ref for n in m.findall(lhs, m.Name())) or (
+            isinstance(lhs, cst.Name) and lhs.value == ref
+        ):
+            return False
+    return not bound_in_nested(kernel, ref)
+
+
+def shared_kernel(loc: Located, calls: Sequence[CallFacts], index: int, kernel: cst.FunctionDef) -> bool:
+    """The kernel function also runs in another pallas_call of the module than `calls[index]` (a rewrite of its body
+    would change that one too)."""
+    for other in calls:
+        if other.index == index or other.library_site is not None:
+            continue
+        try:
+            if kernel_function(loc, find_call_node(loc, other)) is kernel:
+                return True
+        except Exception:
+            continue
+    return False
+
+
+def dead_assignment(loc: Located, operand: cst.BaseExpression, value: cst.BaseExpression) -> cst.CSTNode | None:
+    """The statement line `xp = <value>` when `operand` is the name `xp` and nothing else in the function reads it
+    (it would be dead once the call takes another operand); else None."""
+    if not isinstance(operand, cst.Name):
+        return None
+    assign = loc.parent(value)
+    line = loc.parent(assign) if isinstance(assign, cst.Assign) else None
+    fn = enclosing_function(loc, operand)
+    if not isinstance(assign, cst.Assign) or not isinstance(line, cst.SimpleStatementLine) or fn is None:
+        return None
+    if len(line.body) != 1 or len(assign.targets) != 1:
+        return None
+    uses = [n for n in m.findall(fn, m.Name(operand.value)) if n is not assign.targets[0].target]
+    return line if uses == [operand] else None
 
 
 def used_names(node: cst.CSTNode) -> set[str]:

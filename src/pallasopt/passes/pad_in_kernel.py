@@ -3,32 +3,30 @@
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import libcst as cst
-import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import fresh_name
-from ..ir.cst_edit import add_scratch, ensure_pltpu, nested_into, replace_many
-from ..ir.facts import CallFacts, Operand
+from ..ir.cst_edit import add_scratch, ensure_pltpu, nested_into, ref_via_scratch, replace_many
+from ..ir.facts import Operand
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     Located,
     blockspec_parts,
-    bound_in_nested,
     call_kernel,
     call_site,
     code,
+    dead_assignment,
     enclosing_function,
-    find_call_node,
     jnp_alias,
-    kernel_function,
     keyword,
+    only_read,
     resolve_local,
+    shared_kernel,
     spec_site,
     used_names,
 )
@@ -165,30 +163,6 @@ def _whole_padded_dims(op: Operand, widths: Pads) -> bool:
     return True
 
 
-def _only_read(kernel: cst.FunctionDef, ref: str) -> bool:
-    """The body reads `ref` and never stores to it, rebinds it or rebinds it in a nested function."""
-    for target in m.findall(kernel.body, m.AssignTarget() | m.AugAssign() | m.AnnAssign()):
-        lhs = target.target  # type: ignore[attr-defined]
-        if any(isinstance(n, cst.Name) and n.value == ref for n in m.findall(lhs, m.Name())) or (
-            isinstance(lhs, cst.Name) and lhs.value == ref
-        ):
-            return False
-    return not bound_in_nested(kernel, ref)
-
-
-def _shared_kernel(loc: Located, ir: KernelIR, facts: CallFacts, kernel: cst.FunctionDef) -> bool:
-    """The kernel function also runs in another pallas_call of the module (the rewrite would change that one)."""
-    for other in ir.calls:
-        if other.index == facts.index or other.library_site is not None:
-            continue
-        try:
-            if kernel_function(loc, find_call_node(loc, other)) is kernel:
-                return True
-        except Exception:
-            continue
-    return False
-
-
 @dataclass(frozen=True)
 class PadInKernelPass(Pass):
     """Move an input's zero padding from the wrapper into the kernel: an operand made by `jnp.pad(x, widths)` whose
@@ -252,8 +226,10 @@ class PadInKernelPass(Pass):
             all(_locatable(w) for w in padded.widths if _padded(w)),
             "a dim is padded on both sides by widths that are not literal",
         )
-        check(_only_read(kernel, ref), f"the kernel stores to or rebinds {ref}")
-        check(not _shared_kernel(loc, ir, facts, kernel), "the kernel function runs in another pallas_call too")
+        check(only_read(kernel, ref), f"the kernel stores to or rebinds {ref}")
+        check(
+            not shared_kernel(loc, ir.calls, facts.index, kernel), "the kernel function runs in another pallas_call too"
+        )
         where, spec = spec_site(loc, node, self.operand, len(facts.operands), len(facts.inputs))
         shape, _ = blockspec_parts(spec)
         check(
@@ -283,7 +259,7 @@ class PadInKernelPass(Pass):
         site = call_site(loc, node)
         assert site is not None
         edits[site.operands[self.operand]] = cst.Name(padded.source)
-        dead = _dead_assignment(loc, site.operands[self.operand], padded.pad)
+        dead = dead_assignment(loc, site.operands[self.operand], padded.pad)
         if dead is not None:
             edits[dead] = cst.RemovalSentinel.REMOVE  # type: ignore[assignment]
         visible = [(t, w) for t, w, b in zip(texts, padded.widths, op.block_shape, strict=True) if b is not None]
@@ -293,7 +269,7 @@ class PadInKernelPass(Pass):
         prologue = cst.parse_module(
             f"{ref}[...] = {jnp}.zeros({ref}.shape, {ref}.dtype)\n{ref}[{index}] = {inner}[...]\n"
         ).body
-        edits[kernel] = _rewritten_kernel(kernel, self.operand, ref, inner, prologue)
+        edits[kernel] = ref_via_scratch(kernel, self.operand, ref, inner, prologue)
         block = ", ".join(t for t, _ in visible) + ("," if len(visible) == 1 else "")
         add_scratch(loc, node, [cst.parse_expression(f"{pltpu}.VMEM(({block}), {padded.source}.dtype)")], edits)
         try:
@@ -308,38 +284,3 @@ class PadInKernelPass(Pass):
             f"the rewrite traced to input shape {x.shape}, block {x.block_shape}, grid {got.grid}",
         )
         return new
-
-
-def _dead_assignment(loc: Located, operand: cst.BaseExpression, pad: cst.Call) -> cst.CSTNode | None:
-    """The statement line `xp = jnp.pad(...)` when `operand` is the name `xp` and nothing else in the function reads
-    it (it would be dead once the call takes `x`); else None."""
-    if not isinstance(operand, cst.Name):
-        return None
-    assign = loc.parent(pad)
-    line = loc.parent(assign) if isinstance(assign, cst.Assign) else None
-    fn = enclosing_function(loc, operand)
-    if not isinstance(assign, cst.Assign) or not isinstance(line, cst.SimpleStatementLine) or fn is None:
-        return None
-    if len(line.body) != 1 or len(assign.targets) != 1:
-        return None
-    uses = [n for n in m.findall(fn, m.Name(operand.value)) if n is not assign.targets[0].target]
-    return line if uses == [operand] else None
-
-
-def _rewritten_kernel(
-    kernel: cst.FunctionDef, operand: int, ref: str, inner: str, prologue: Sequence[cst.BaseStatement]
-) -> cst.FunctionDef:
-    """The kernel taking the unpadded block as `inner` (in `ref`'s place) and the padded scratch as a new last
-    positional parameter named `ref`, building it first thing in the body."""
-    params = list(kernel.params.params)
-    params[operand] = params[operand].with_changes(name=cst.Name(inner))
-    params[-1] = params[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    params.append(cst.Param(name=cst.Name(ref)))
-    body = kernel.body
-    assert isinstance(body, cst.IndentedBlock)
-    stmts = list(body.body)
-    first = 0
-    if stmts and m.matches(stmts[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])):
-        first = 1  # keep the docstring first
-    new_body = body.with_changes(body=[*stmts[:first], *prologue, *stmts[first:]])
-    return kernel.with_changes(params=kernel.params.with_changes(params=params), body=new_body)

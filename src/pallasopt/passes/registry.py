@@ -23,6 +23,7 @@ from .llm_rewrite import LLMRewritePass
 from .multi_buffer import MultiBufferPass
 from .online_softmax import OnlineSoftmaxPass
 from .pad_in_kernel import PadInKernelPass
+from .reshape_in_kernel import ReshapeInKernelPass
 from .single_buffer import SingleBufferPass
 from .skip_masked_blocks import SkipMaskedBlocksPass
 from .skip_masked_chunks import SkipMaskedChunksPass
@@ -49,6 +50,7 @@ PASSES: tuple[type[Pass], ...] = (
     EpiloguePass,
     LayoutPass,
     PadInKernelPass,
+    ReshapeInKernelPass,
     LaneDensePass,
     LaneDenseStatsPass,
     CostEstimatePass,

@@ -37,7 +37,12 @@ def print_estimates(console: Console, estimates: Sequence[Estimate], compiled: A
             console.print(f"  call {c.call}: {explain(c, chip)}")
     if compiled:
         for name, rep in compiled.items():
-            if rep.get("ok"):
+            if rep.get("ok") and "method" in rep:  # the reference, estimated as the bench does
+                console.print(
+                    f"compiler ({rep.get('target')}, tier: compiler estimate) for {name}: {_ms(rep.get('time_s'))}"
+                    f" ({rep.get('method')})"
+                )
+            elif rep.get("ok"):
                 console.print(
                     f"compiler ({rep.get('target')}, tier: compiler estimate) for {name}: "
                     f"static estimate {_ms(rep.get('estimated_s'))} at dims {rep.get('dims')}"
