@@ -11,7 +11,7 @@ from conftest import ROOT
 
 from pallasopt.cost_model.hardware import get_chip
 from pallasopt.errors import PassNotApplicable
-from pallasopt.harness.check import check_many
+from pallasopt.harness.check import check, check_many
 from pallasopt.ir.kernel_ir import KernelIR
 from pallasopt.ir.knobs import tied, untie
 from pallasopt.passes.registry import parse_pipeline
@@ -139,14 +139,21 @@ def test_untie_then_fuse_checks_in_interpret_mode(fused_09: KernelIR) -> None:
     assert result.ok, result.message
 
 
-def test_a_whole_k_producer_is_not_fused(fused_09: KernelIR) -> None:
-    """With whole-N and whole-K blocks the matmul's N and K axes have one step: their index-map rows trace as
-    constants, so a fused kernel would hold them at block 0 at a bigger N or K (and the oracle never checks above the
-    default dims). The fusion is declined; the (1024, 1024, 512) tile above fuses."""
+@pytest.mark.slow
+def test_a_whole_k_producer_fuses_and_stays_right_where_its_axes_have_more_steps(fused_09: KernelIR) -> None:
+    """With whole-N and whole-K blocks the matmul's N and K axes have one step at the default size. Their index-map
+    rows are fitted by probing index 1 anyway (`trace._fit_affine`), so they say `(i, j)` / `(k, j)` as written and
+    the fused kernel's grid extents and maps walk N and K at a size where they have two steps each (the oracle's
+    dims never exceed the defaults: this checks above them)."""
     whole = apply(fused_09, "tile{call=0,untie=BLOCK,axis1=2048,axis2=1024}")
     assert whole.calls[0].grid[1:] == (1, 1)
-    with pytest.raises(PassNotApplicable, match="grid axis"):
-        apply(whole, "fuse{producer=0,retile=true}")
+    x, w = whole.calls[0].inputs
+    assert x.index_map.affine == ((1, 0, 0, 0), (0, 0, 1, 0)) and w.index_map.affine == ((0, 0, 1, 0), (0, 1, 0, 0))
+    fused = apply(whole, "fuse{producer=0,retile=true}")
+    assert len(fused.calls) == 1
+    for dims in ({}, {"M": 256, "K": 2048, "N": 4096}):
+        result = check(fused.source, str(fused_09.path), dims=dims)
+        assert result.ok, (dims, result.message)
 
 
 def test_untie_keeps_the_tree_otherwise_intact(fused_09: KernelIR) -> None:

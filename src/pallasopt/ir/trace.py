@@ -254,7 +254,7 @@ def _fit_affine(
         cols = []
         for a in range(n):
             probe = [0] * n
-            probe[a] = 1 if grid[a] > 1 else 0
+            probe[a] = 1  # a one-step axis too: its coefficient as written (`lambda i, j: (i, j)` walks j at any size)
             val = f(probe)
             cols.append([v - b for v, b in zip(val, base, strict=True)])
         rows = tuple((*tuple(cols[a][d] for a in range(n)), base[d]) for d in range(len(base)))
