@@ -615,9 +615,10 @@ def _extent(
             written = shape.elements[d].value if isinstance(shape, cst.Tuple | cst.List) else None
             text = code(written) if written is not None and portable(written, names) else str(size)
             return cst.parse_expression(f"{pl_alias(loc.wrapper.module)}.cdiv({code(p_ops[i])}.shape[{d}], {text})")
-    # A one-step axis (a whole-K block) traces as a constant row in every map: neither the extent nor the fused index
-    # maps could follow it at a size where it has more steps (a literal 1 would reduce only the first block there, and
-    # the oracle's dims never exceed the defaults), so the fusion is declined: tile it to two or more steps first.
+    # No input walks the axis (its maps hold it constant as written): neither the extent nor the fused index maps
+    # could follow it at a size where it has more steps (a literal 1 would reduce only the first block there, and the
+    # oracle's dims never exceed the defaults), so the fusion is declined. A one-step axis a map walks as written
+    # (a whole-K block) has its coefficient: `trace._fit_affine` probes index 1 on it.
     check(False, f"no producer input walks its grid axis {axis}")
     raise AssertionError
 
