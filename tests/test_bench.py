@@ -25,6 +25,7 @@ from pallasopt.bench import (
     run_suite,
     summarize,
 )
+from pallasopt.bench.render import summary_lines
 from pallasopt.cost_model.hardware import get_chip
 from pallasopt.ir.kernel_ir import KernelIR
 from pallasopt.search.tiers import TierResult, model_tier
@@ -82,8 +83,18 @@ def test_summary_math_on_fixed_rows() -> None:
     assert s["fast_p"] == {"1": pytest.approx(2 / 5), "1.5": pytest.approx(2 / 5), "2": pytest.approx(2 / 5)}
     # vs XLA over every finished row with an estimate (c kept its baseline, which is its best time): 2, 0.5, 1
     assert s["vs_xla_kernels"] == 3 and s["vs_xla_geomean"] == pytest.approx(1.0) and s["beats_xla"] == 1
+    assert (s["behind_xla"], s["behind_xla_by_2pct"]) == (1, 1)  # 0.5; the 1.0 is a tie, neither side
     assert s["hand_tuned_kernels"] == 1 and s["frac_hand_tuned_geomean"] == pytest.approx(0.5)
     assert s["tiers"] == {"compiler": 4}
+
+
+def test_slower_than_xla_counts_ties_apart_and_names_the_2pct_band() -> None:
+    rows = [row("tie", 2.0, xla=1e-3), row("near", 2.0, xla=0.99e-3), row("far", 2.0, xla=0.9e-3), row("x", 2.0)]
+    s = summarize(rows)
+    assert (s["vs_xla_kernels"], s["beats_xla"], s["behind_xla"], s["behind_xla_by_2pct"]) == (3, 0, 2, 1)
+    assert dict(summary_lines(s))["geomean vs XLA reference (3 kernels)"].endswith(
+        "faster than XLA on 0/3, slower on 2 (1 by more than 2%)"
+    )
 
 
 def test_clipping_and_fast_p_thresholds() -> None:

@@ -36,7 +36,12 @@ def summary_lines(s: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("fast_p (correct and faster than p x)", fp),
         (
             f"geomean vs XLA reference ({s['vs_xla_kernels']} kernels)",
-            f"{fmt_ratio(s['vs_xla_geomean'])}; faster than XLA on {s['beats_xla']}/{s['vs_xla_kernels']}",
+            f"{fmt_ratio(s['vs_xla_geomean'])}; faster than XLA on {s['beats_xla']}/{s['vs_xla_kernels']}"
+            + (
+                f", slower on {s['behind_xla']} ({s['behind_xla_by_2pct']} by more than 2%)"
+                if "behind_xla" in s
+                else ""
+            ),
         ),
         (
             f"geomean vs XLA reference of the input kernels ({s.get('baseline_vs_xla_kernels', 0)} kernels)",
