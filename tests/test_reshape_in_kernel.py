@@ -59,6 +59,16 @@ def test_rows_of_merged_dims_become_rows_of_the_source() -> None:
     assert "x_ref[...] = x_ref_flat[...].reshape(x_ref.shape)" in kernel  # f32: no round trip through 32 bits
 
 
+def test_an_entry_under_jax_jit_is_rewritten_the_same() -> None:
+    """Entries decorated with `@jax.jit` trace the call inside a `jit` equation: the reshape is looked up there."""
+    source = PAIRS.read_text().replace("def pair_sum(", "@jax.jit\ndef pair_sum(")
+    ir = KernelIR.from_source(source, str(PAIRS))
+    assert ReshapeInKernelPass.choices(ir, V5E) == (ReshapeInKernelPass(call=0, operand=0),)
+    new = ReshapeInKernelPass(call=0, operand=0).apply(ir)
+    assert new.calls[0].inputs[0].shape == (4, 128, 64)
+    assert "@jax.jit" in new.source and "jnp.reshape" not in _function(new.source, "pair_sum")
+
+
 def test_a_bf16_block_is_reshaped_through_f32_and_the_index_map_keeps_its_order() -> None:
     ir = KernelIR.from_file(WINDOWS)
     new = ReshapeInKernelPass(call=0, operand=0).apply(ir)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import libcst as cst
 
 from ..cost_model.hardware import Chip
+from ..cost_model.wrapper import inner_jaxprs
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import fresh_name
 from ..ir.cst_edit import add_scratch, ensure_pltpu, nested_into, ref_via_scratch, replace_many
@@ -88,19 +89,29 @@ def _reshape_call(loc: Located, node: cst.Call, operand: cst.BaseExpression) -> 
 
 
 def _traced_source(ir: KernelIR, call: int, operand: int) -> tuple[int, ...]:
-    """The shape of the array a top-level `reshape` equation turns into input `operand` of call `call`, when that
-    reshape's result feeds this call only; declines otherwise."""
+    """The shape of the array a `reshape` equation turns into input `operand` of call `call`, in the jaxpr that
+    holds the call (the entry's, or the body of the `jax.jit` it sits in), when that reshape's result feeds this call
+    only; declines otherwise."""
     check(ir.workload is not None, "the kernel module is not loaded")
     assert ir.workload is not None
-    jaxpr = trace_entry(ir.workload).jaxpr
-    chains = find_pallas_call_chains(jaxpr)
-    check(call < len(chains) and len(chains[call]) == 1, "the call sits inside a jit/custom_vjp")
-    var = chains[call][0].invars[operand]
-    made = [e for e in jaxpr.eqns if any(v is var for v in e.outvars)]
+    top = trace_entry(ir.workload).jaxpr
+    chains = find_pallas_call_chains(top)
+    check(call < len(chains), f"no pallas_call #{call} in the traced entry")
+    chain = chains[call]
+    scope = top if len(chain) == 1 else _holding(chain[-2], chain[-1])
+    check(scope is not None, "the call's enclosing jaxpr was not found")
+    assert scope is not None
+    var = chain[-1].invars[operand]
+    made = [e for e in scope.eqns if any(v is var for v in e.outvars)]
     check(len(made) == 1 and made[0].primitive.name == "reshape", f"input {operand} is not made by a reshape")
-    readers = [e for e in jaxpr.eqns if any(v is var for v in e.invars)]
-    check(len(readers) == 1 and all(v is not var for v in jaxpr.outvars), "the reshaped array is read elsewhere too")
+    readers = [e for e in scope.eqns if any(v is var for v in e.invars)]
+    check(len(readers) == 1 and all(v is not var for v in scope.outvars), "the reshaped array is read elsewhere too")
     return tuple(int(d) for d in made[0].invars[0].aval.shape)
+
+
+def _holding(outer: Any, eqn: Any) -> Any:
+    """The jaxpr of `outer` (a jit, custom_vjp, ... equation) whose equations include `eqn`; None when none does."""
+    return next((j for j in inner_jaxprs(outer) if any(e is eqn for e in j.eqns)), None)
 
 
 def _zero_row(row: Sequence[int]) -> bool:
