@@ -52,6 +52,18 @@ def test_reduction_consumer_runs_on_the_finished_block() -> None:
     assert ")(x, w)" in src.split("def matmul_colmax")[1]
 
 
+@pytest.mark.slow
+def test_an_entry_under_jax_jit_fuses_the_same() -> None:
+    """`@jax.jit` on the entry traces both calls inside a `jit` equation: the dataflow is read there."""
+    source = (KERNELS / "matmul_colmax.py").read_text().replace("def matmul_colmax(", "@jax.jit\ndef matmul_colmax(")
+    ir = KernelIR.from_source(source, str(KERNELS / "matmul_colmax.py"))
+    assert FusePass.choices(ir, V5E) == (FusePass(producer=0),)
+    new = run(ir, "fuse{producer=0}")
+    assert len(new.calls) == 1 and "@jax.jit" in new.source
+    (result,) = check_many([new.source], str(KERNELS / "matmul_colmax.py"))
+    assert result.ok, result.message
+
+
 def test_ragged_grid_and_a_second_input() -> None:
     new = run(load("ragged_rowsum"), "fuse{producer=0}")
     (fused,) = new.calls

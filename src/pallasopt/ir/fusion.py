@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..errors import KernelError, PassNotApplicable, check
 from .facts import CallFacts
 from .kernel_ir import KernelIR
-from .trace import find_pallas_call_chains, trace_entry
+from .trace import enclosing_jaxpr, find_pallas_call_chains, trace_entry
 
 
 @dataclass(frozen=True)
@@ -57,16 +57,17 @@ def dataflow(ir: KernelIR, producer: int) -> tuple[int, int]:
     directly and nothing else (no other call, wrapper op or result reads it)."""
     check(ir.workload is not None, "the kernel module is not loaded")
     assert ir.workload is not None
-    jaxpr = trace_entry(ir.workload).jaxpr
-    chains = find_pallas_call_chains(jaxpr)
-    check(len(chains[producer]) == 1, "the producer sits inside a jit/custom_vjp: fuse at the top level")
-    p_eqn = chains[producer][0]
+    top = trace_entry(ir.workload).jaxpr
+    chains = find_pallas_call_chains(top)
+    jaxpr = enclosing_jaxpr(top, chains[producer])
+    check(jaxpr is not None, "the producer's enclosing jaxpr was not found")
+    p_eqn = chains[producer][-1]
     check(len(p_eqn.outvars) == 1, "the producer has several outputs")
     out = p_eqn.outvars[0]
     readers = [e for e in jaxpr.eqns if any(v is out for v in e.invars)]
     check(all(v is not out for v in jaxpr.outvars), "the producer's output is also a result (it must reach HBM)")
     check(len(readers) == 1, f"the producer's output is read by {len(readers)} operations, not one pallas_call")
-    consumer = next((i for i, ch in enumerate(chains) if len(ch) == 1 and ch[0] is readers[0]), None)
+    consumer = next((i for i, ch in enumerate(chains) if ch[-1] is readers[0]), None)
     check(consumer is not None, "the producer's output is read by a wrapper op, not a pallas_call")
     assert consumer is not None
     uses = [k for k, v in enumerate(readers[0].invars) if v is out]

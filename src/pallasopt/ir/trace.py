@@ -73,6 +73,15 @@ def find_pallas_call_chains(jaxpr: Any, outer: tuple[Any, ...] = ()) -> list[tup
     return found
 
 
+def enclosing_jaxpr(top: Any, chain: Sequence[Any]) -> Any:
+    """The jaxpr whose equations hold `chain[-1]` (a chain of `find_pallas_call_chains(top)`): `top` itself, or the
+    inner jaxpr of the equation around it (an entry under `@jax.jit` traces its call inside a `jit` equation); None
+    when it is not found."""
+    if len(chain) == 1:
+        return top
+    return next((j for j in subjaxprs(chain[-2]) if any(e is chain[-1] for e in j.eqns)), None)
+
+
 def _frames(eqn: Any) -> list[Any]:
     """The Python frames (innermost first) recorded when `eqn` was traced; [] when the private API moved."""
     try:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import libcst as cst
 
 from ..cost_model.hardware import Chip
-from ..cost_model.wrapper import inner_jaxprs
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import fresh_name
 from ..ir.cst_edit import add_scratch, ensure_pltpu, nested_into, ref_via_scratch, replace_many
@@ -31,7 +30,7 @@ from ..ir.matchers import (
     spec_site,
     used_names,
 )
-from ..ir.trace import find_pallas_call_chains, trace_entry
+from ..ir.trace import enclosing_jaxpr, find_pallas_call_chains, trace_entry
 from .base import Pass
 
 Group = tuple[range, range]  # dims of the source array, dims of the reshaped one, with equal extents' products
@@ -98,7 +97,7 @@ def _traced_source(ir: KernelIR, call: int, operand: int) -> tuple[int, ...]:
     chains = find_pallas_call_chains(top)
     check(call < len(chains), f"no pallas_call #{call} in the traced entry")
     chain = chains[call]
-    scope = top if len(chain) == 1 else _holding(chain[-2], chain[-1])
+    scope = enclosing_jaxpr(top, chain)
     check(scope is not None, "the call's enclosing jaxpr was not found")
     assert scope is not None
     var = chain[-1].invars[operand]
@@ -107,11 +106,6 @@ def _traced_source(ir: KernelIR, call: int, operand: int) -> tuple[int, ...]:
     readers = [e for e in scope.eqns if any(v is var for v in e.invars)]
     check(len(readers) == 1 and all(v is not var for v in scope.outvars), "the reshaped array is read elsewhere too")
     return tuple(int(d) for d in made[0].invars[0].aval.shape)
-
-
-def _holding(outer: Any, eqn: Any) -> Any:
-    """The jaxpr of `outer` (a jit, custom_vjp, ... equation) whose equations include `eqn`; None when none does."""
-    return next((j for j in inner_jaxprs(outer) if any(e is eqn for e in j.eqns)), None)
 
 
 def _zero_row(row: Sequence[int]) -> bool:
