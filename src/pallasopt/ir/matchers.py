@@ -361,6 +361,37 @@ def call_site(loc: Located, call: cst.Call) -> CallSite | None:
     return CallSite(apply=applying, operands=tuple(a.value for a in applying.args))
 
 
+@dataclass(frozen=True)
+class InputSite:
+    """Where input `operand` of a plain pallas_call sits in the wrapper: the call node, its kernel function and ref
+    names, and its application to positional operands."""
+
+    loc: Located
+    node: cst.Call
+    kernel: cst.FunctionDef
+    refs: tuple[str, ...]
+    site: CallSite
+
+
+def input_site(module: cst.Module, calls: Sequence[CallFacts], call: int, operand: int) -> InputSite:
+    """The `InputSite` of input `operand` of `calls[call]` in `module`, for rewrites that move a wrapper op into the
+    kernel; PassNotApplicable (through `check`) for a library or scalar-prefetch call, a missing input, a kernel whose
+    positional parameters are not its refs, or a call not applied to positional operands in place."""
+    check(0 <= call < len(calls), f"no pallas_call #{call}")
+    facts = calls[call]
+    check(facts.library_site is None, "the call is inside a library function")
+    check(facts.num_scalar_prefetch == 0, "the call uses scalar prefetch")
+    check(0 <= operand < len(facts.inputs), f"pallas_call #{call} has no input {operand}")
+    n_refs = len(facts.inputs) + len(facts.outputs) + len(facts.scratch)
+    loc = Located.of(module)
+    node, kernel, refs = call_kernel(loc, facts, n_refs)
+    check(len(refs) == n_refs, "the kernel's positional parameters do not match its refs")
+    site = call_site(loc, node)
+    check(site is not None, "the pallas_call is not applied to positional operands in place")
+    assert site is not None
+    return InputSite(loc, node, kernel, refs, site)
+
+
 def kernel_refs(kernel: cst.FunctionDef) -> tuple[str, ...] | None:
     """The kernel's positional parameter names (its refs in operand order), None when it takes `*args`."""
     params = kernel.params

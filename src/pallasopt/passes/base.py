@@ -5,15 +5,17 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from ..errors import ProblemChanged, UsageError
+from ..errors import PassNotApplicable, ProblemChanged, UsageError
 from ..ir.kernel_ir import KernelIR
 
 if TYPE_CHECKING:
     from ..cost_model.hardware import Chip
+
+P = TypeVar("P", bound="Pass")
 
 
 @dataclass(frozen=True)
@@ -112,3 +114,20 @@ def _coerce(raw: str, typ: Any, pass_name: str, key: str) -> Any:
             f"pass {pass_name!r}: parameter {key}={raw!r} is not a valid {getattr(typ, '__name__', typ)}"
         ) from None
     return raw
+
+
+def per_input_choices(ir: KernelIR, make: Callable[[int, int], P], viable: Callable[[P], object]) -> tuple[P, ...]:
+    """`make(call, input)` for every input of every plain call (no library site, no scalar prefetch) on which
+    `viable` (a pass's planning step) does not decline."""
+    out: list[P] = []
+    for c in ir.calls:
+        if c.library_site is not None or c.num_scalar_prefetch:
+            continue
+        for i in range(len(c.inputs)):
+            choice = make(c.index, i)
+            try:
+                viable(choice)
+            except PassNotApplicable:
+                continue
+            out.append(choice)
+    return tuple(out)

@@ -17,11 +17,11 @@ from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     Located,
     blockspec_parts,
-    call_kernel,
     call_site,
     code,
     dead_assignment,
     enclosing_function,
+    input_site,
     jnp_alias,
     keyword,
     only_read,
@@ -30,7 +30,7 @@ from ..ir.matchers import (
     spec_site,
     used_names,
 )
-from .base import Pass
+from .base import Pass, per_input_choices
 
 Width = int | str  # a literal pad width, or the wrapper's expression for it
 Pads = tuple[tuple[Width, Width], ...]
@@ -187,36 +187,17 @@ class PadInKernelPass(Pass):
 
     @classmethod
     def choices(cls, ir: KernelIR, chip: Chip) -> tuple[Pass, ...]:
-        out: list[Pass] = []
-        for c in ir.calls:
-            if c.library_site is not None or c.num_scalar_prefetch:
-                continue
-            for i in range(len(c.inputs)):
-                try:
-                    cls(call=c.index, operand=i)._plan(ir, ir.module)
-                except PassNotApplicable:
-                    continue
-                out.append(cls(call=c.index, operand=i))
-        return tuple(out)
+        return per_input_choices(ir, lambda c, i: cls(call=c, operand=i), lambda p: p._plan(ir, ir.module))
 
     def _plan(
         self, ir: KernelIR, module: cst.Module
     ) -> tuple[Located, cst.Call, cst.FunctionDef, str, _Site, cst.CSTNode, cst.Call]:
         """What the rewrite of `module` (`ir`'s, or it with an import added) needs, or PassNotApplicable saying why
         not."""
-        check(0 <= self.call < len(ir.calls), f"no pallas_call #{self.call}")
+        at = input_site(module, ir.calls, self.call, self.operand)
+        loc, node, kernel, refs, site = at.loc, at.node, at.kernel, at.refs, at.site
         facts = ir.calls[self.call]
-        check(facts.library_site is None, "the call is inside a library function")
-        check(facts.num_scalar_prefetch == 0, "the call uses scalar prefetch")
-        check(0 <= self.operand < len(facts.inputs), f"pallas_call #{self.call} has no input {self.operand}")
         op = facts.inputs[self.operand]
-        n_refs = len(facts.inputs) + len(facts.outputs) + len(facts.scratch)
-        loc = Located.of(module)
-        node, kernel, refs = call_kernel(loc, facts, n_refs)
-        check(len(refs) == n_refs, "the kernel's positional parameters do not match its refs")
-        site = call_site(loc, node)
-        check(site is not None, "the pallas_call is not applied to positional operands in place")
-        assert site is not None
         padded = _padded_input(loc, node, site.operands[self.operand], op)
         check(padded is not None, f"input {self.operand} is not made by jnp.pad(name, widths) with zeros")
         assert padded is not None

@@ -18,11 +18,11 @@ from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     Located,
     blockspec_parts,
-    call_kernel,
     call_site,
     code,
     dead_assignment,
     enclosing_function,
+    input_site,
     jnp_alias,
     only_read,
     resolve_local,
@@ -31,7 +31,7 @@ from ..ir.matchers import (
     used_names,
 )
 from ..ir.trace import enclosing_jaxpr, find_pallas_call_chains, trace_entry
-from .base import Pass
+from .base import Pass, per_input_choices
 
 Group = tuple[range, range]  # dims of the source array, dims of the reshaped one, with equal extents' products
 
@@ -202,33 +202,14 @@ class ReshapeInKernelPass(Pass):
 
     @classmethod
     def choices(cls, ir: KernelIR, chip: Chip) -> tuple[Pass, ...]:
-        out: list[Pass] = []
-        for c in ir.calls:
-            if c.library_site is not None or c.num_scalar_prefetch:
-                continue
-            for i in range(len(c.inputs)):
-                try:
-                    cls(call=c.index, operand=i)._plan(ir, ir.module)
-                except PassNotApplicable:
-                    continue
-                out.append(cls(call=c.index, operand=i))
-        return tuple(out)
+        return per_input_choices(ir, lambda c, i: cls(call=c, operand=i), lambda p: p._plan(ir, ir.module))
 
     def _plan(self, ir: KernelIR, module: cst.Module) -> _Plan:
-        check(0 <= self.call < len(ir.calls), f"no pallas_call #{self.call}")
+        at = input_site(module, ir.calls, self.call, self.operand)
+        loc, node, kernel, refs, site = at.loc, at.node, at.kernel, at.refs, at.site
         facts: CallFacts = ir.calls[self.call]
-        check(facts.library_site is None, "the call is inside a library function")
-        check(facts.num_scalar_prefetch == 0, "the call uses scalar prefetch")
-        check(0 <= self.operand < len(facts.inputs), f"pallas_call #{self.call} has no input {self.operand}")
         op = facts.inputs[self.operand]
         check(op.is_pipelined and op.index_map.affine is not None, "the input is not a blocked, affine VMEM operand")
-        n_refs = len(facts.inputs) + len(facts.outputs) + len(facts.scratch)
-        loc = Located.of(module)
-        node, kernel, refs = call_kernel(loc, facts, n_refs)
-        check(len(refs) == n_refs, "the kernel's positional parameters do not match its refs")
-        site = call_site(loc, node)
-        check(site is not None, "the pallas_call is not applied to positional operands in place")
-        assert site is not None
         found = _reshape_call(loc, node, site.operands[self.operand])
         check(found is not None, f"input {self.operand} is not made by x.reshape(...) or jnp.reshape(x, ...)")
         assert found is not None
