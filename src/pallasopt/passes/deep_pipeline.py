@@ -10,7 +10,7 @@ import libcst as cst
 from ..cost_model.hardware import Chip
 from ..errors import check
 from ..ir.cst_edit import ensure_pltpu, replace_many, set_compiler_param
-from ..ir.facts import CallFacts
+from ..ir.facts import CallFacts, Operand
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     Located,
@@ -82,12 +82,26 @@ def _pipeline_kernel(kernel, grid, in_specs, out_specs, depth, deep, n_prefetch)
 '''
 
 
+def _tile_aligned(o: Operand) -> bool:
+    """The block's last two dims are multiples of (8, 128) or the array's extents (emit_pipeline refuses others:
+    "Block size must divide tiling")."""
+    for k, tile in ((-1, 128), (-2, 8)):
+        if len(o.shape) < -k:
+            continue
+        b = o.block_shape[k]
+        if b is not None and b != o.shape[k] and b % tile:
+            return False
+    return True
+
+
 def decline_reason(call: CallFacts) -> str:
     """Why the call's grid cannot run as an inner pipeline ("" when it can)."""
     if call.library_site is not None:
         return "a library's kernel: only the values this file passes to it can change"
     if not any(g > 1 for g in call.grid):
         return "no grid axis with more than one step"
+    if any(not _tile_aligned(o) for o in call.operands if o.is_pipelined):
+        return "a block's minor two dims are not multiples of (8, 128) or whole: emit_pipeline's HBM blocks must be"
     if call.dynamic_axes:
         return "a grid extent known only at run time"
     if call.body.has_dma:
