@@ -11,14 +11,14 @@ import libcst as cst
 
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
-from ..ir.builders import fresh_name
+from ..ir.builders import fresh_name, tuple_expr
 from ..ir.cst_edit import add_scratch, ensure_pltpu, nested_into, ref_via_scratch, replace_many
 from ..ir.facts import CallFacts, Operand, dtype_bytes
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
+    CallSite,
     Located,
     blockspec_parts,
-    call_site,
     code,
     dead_assignment,
     enclosing_function,
@@ -167,6 +167,7 @@ def _upcast(dtype: str) -> str | None:
 class _Plan:
     loc: Located
     node: cst.Call
+    site: CallSite
     kernel: cst.FunctionDef
     ref: str
     source: _Source
@@ -245,7 +246,9 @@ class ReshapeInKernelPass(Pass):
         check(upcast is None or jnp_alias(loc.wrapper.module) is not None, "the module does not import jax.numpy")
         add_scratch(loc, node, [cst.Name("_")], {})  # declines here when the call's scratch list cannot be edited
         source = _Source(found[0], found[1], src_shape)
-        return _Plan(loc, node, kernel, ref, source, where, spec, shape, imap, texts, tuple(block), tuple(where_texts))
+        return _Plan(
+            loc, node, site, kernel, ref, source, where, spec, shape, imap, texts, tuple(block), tuple(where_texts)
+        )
 
     def apply(self, ir: KernelIR) -> KernelIR:
         module, pltpu = ensure_pltpu(ir.module)
@@ -255,13 +258,9 @@ class ReshapeInKernelPass(Pass):
         texts, block, where = p.texts, p.block, p.where_texts
         upcast = _upcast(op.dtype)
         jnp = jnp_alias(p.loc.wrapper.module)
-        one = "," if len(block) == 1 else ""
-        new_shape = cst.parse_expression(f"({', '.join(block)}{one})")
-        new_body = cst.parse_expression(f"({', '.join(where)}{',' if len(where) == 1 else ''})")
-        new_spec = replace_many(p.spec, {p.shape: new_shape, p.imap.body: new_body})
+        new_spec = replace_many(p.spec, {p.shape: tuple_expr(block), p.imap.body: tuple_expr(where)})
         edits: dict[cst.CSTNode, cst.CSTNode] = {p.where: new_spec}
-        site = call_site(p.loc, p.node)
-        assert site is not None
+        site = p.site
         edits[site.operands[self.operand]] = cst.Name(p.source.name)
         dead = dead_assignment(p.loc, site.operands[self.operand], p.source.reshape)
         if dead is not None:
@@ -275,8 +274,8 @@ class ReshapeInKernelPass(Pass):
         prologue = cst.parse_module(f"{p.ref}[...] = {value}\n").body
         edits[p.kernel] = ref_via_scratch(p.kernel, self.operand, p.ref, inner, prologue)
         visible = [t for t, b in zip(texts, op.block_shape, strict=True) if b is not None]
-        kept = ", ".join(visible) + ("," if len(visible) == 1 else "")
-        add_scratch(p.loc, p.node, [cst.parse_expression(f"{pltpu}.VMEM(({kept}), {p.source.name}.dtype)")], edits)
+        kept = code(tuple_expr(visible))
+        add_scratch(p.loc, p.node, [cst.parse_expression(f"{pltpu}.VMEM({kept}, {p.source.name}.dtype)")], edits)
         try:
             new = ir.with_module(replace_many(p.loc.wrapper.module, nested_into(p.loc, edits)), self.spec())
         except KernelError as e:
