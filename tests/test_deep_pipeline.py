@@ -106,6 +106,50 @@ def test_declines_name_why(matmul) -> None:
         PipelinePass(depth=3).apply(once)
 
 
+EMPTY_GRID = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def _kernel(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0 + y_ref[...]
+
+
+def fused_op(x, y):
+    m, n = x.shape
+    spec = pl.BlockSpec((8, 128), lambda i, j: (i, j))
+    return pl.pallas_call(
+        _kernel,
+        grid=(m // 8, n // 128),
+        in_specs=[spec, spec],
+        out_specs=spec,
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+    )(x, y)
+
+
+def reference(x, y):
+    return x * 2.0 + y
+
+
+def make_inputs(key, M=64, N=8):
+    kx, ky = jax.random.split(key)
+    return (jax.random.normal(kx, (M, N), jnp.float32), jax.random.normal(ky, (M, N), jnp.float32))
+"""
+
+
+def test_an_empty_grid_declines(tmp_path) -> None:
+    # a (8, 128) block on a (64, 8) array floors to grid (8, 0): pallas_call runs nothing and emit_pipeline raises
+    # at trace time (found by the property test in CI)
+    path = tmp_path / "empty.py"
+    path.write_text(EMPTY_GRID)
+    ir = KernelIR.from_file(path)
+    assert ir.calls[0].grid == (8, 0)
+    assert PipelinePass.choices(ir, V5E) == ()
+    with pytest.raises(PassNotApplicable, match="a grid axis with no steps"):
+        PipelinePass(depth=3).apply(ir)
+
+
 def test_the_search_offers_it_only_where_it_can_time_candidates() -> None:
     assert "pipeline" not in {p.name for p in select_passes([])}
     assert "pipeline" in {p.name for p in select_passes([], hardware=True)}

@@ -93,6 +93,14 @@ def test_no_choice_without_a_loop(example_irs) -> None:
         assert SkipMaskedChunksPass.choices(ir, get_chip("v5e")) == ()
 
 
+@pytest.mark.parametrize("loop", [-1, 1, 7])
+def test_a_loop_number_out_of_range_declines(loop: int) -> None:
+    # -1 once indexed from the end (an IndexError on a kernel with no loop): found by the property test in CI
+    ir = KernelIR.from_file(WINDOW_LOOP)
+    with pytest.raises(PassNotApplicable, match=f"no loop #{loop}: the kernel has 1 fori_loop"):
+        SkipMaskedChunksPass(loop=loop).apply(ir)
+
+
 class _StaticEstimate:
     """An executor whose every compile answers one static estimate (no libtpu)."""
 

@@ -98,6 +98,8 @@ def decline_reason(call: CallFacts) -> str:
     """Why the call's grid cannot run as an inner pipeline ("" when it can)."""
     if call.library_site is not None:
         return "a library's kernel: only the values this file passes to it can change"
+    if any(g < 1 for g in call.grid):
+        return "a grid axis with no steps (the call runs nothing; emit_pipeline refuses an empty grid)"
     if not any(g > 1 for g in call.grid):
         return "no grid axis with more than one step"
     if any(not _tile_aligned(o) for o in call.operands if o.is_pipelined):

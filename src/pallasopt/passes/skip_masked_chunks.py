@@ -78,7 +78,10 @@ class SkipMaskedChunksPass(Pass):
         check(kernel is not None and isinstance(kernel.body, cst.IndentedBlock), "cannot find the kernel function")
         assert kernel is not None
         loops = fori_loops(kernel, streamed=True)
-        check(self.loop < len(loops), f"the kernel has {len(loops)} fori_loop(s) in its top-level statements")
+        check(
+            0 <= self.loop < len(loops),
+            f"no loop #{self.loop}: the kernel has {len(loops)} fori_loop(s) in its top-level statements",
+        )
         loop = loops[self.loop]
         namespace = vars(ir.workload.module) if ir.workload is not None else {}
         jnp = jnp_alias(ir.module)
