@@ -620,3 +620,76 @@ def test_competing_calls_share_a_depths_compiles() -> None:
     assert share_calls(down + cheap, 8) == (down + cheap, 8)
     # a single call: unchanged
     assert share_calls(down, 8) == (down, 8)
+
+
+@pytest.mark.parametrize(
+    "kernel, fuse",
+    [
+        ("two_producers.py", False),  # two elementwise producers with their own block literals: a tile on each
+        ("matmul_colmax.py", True),  # a tile, then the fuse the prune left uncompiled (the model ranks it 13th)
+    ],
+)
+def test_the_best_steps_of_different_calls_compose_within_the_depth(kernel: str, fuse: bool) -> None:
+    """A module whose calls each need a step: the best depth-1 steps of different calls (or a structural one,
+    applied last) are composed into one depth-2 candidate during depth 1, ranked and checked there."""
+    from pallasopt.passes.fuse import FusePass
+
+    ir = KernelIR.from_file(ROOT / "tests" / "kernels" / "fuse" / kernel)
+    events: list[tuple[str, dict]] = []
+    out = beam_search(
+        ir,
+        (TilePass, FusePass) if fuse else (TilePass,),
+        FakeTiers(),
+        V5E,
+        SearchConfig(beam=2, depth=2, jobs=1),
+        progress=lambda kind, info: events.append((kind, info)),
+    )
+    kinds = [k for k, _ in events]
+    assert "composed" in kinds and kinds.index("composed") < kinds.index("depth")
+    best1 = next(info for k, info in events if k == "depth" and info["depth"] == 1)["best"]
+    assert len(best1.recipe) == 2 and len(best1.parents) == 2, best1.spec
+    steps = [out.nodes[p].recipe[-1] for p in best1.parents]
+    assert list(best1.recipe) == steps  # each parent made one of its steps, at depth 1
+    if fuse:
+        assert steps[0].startswith("tile{call=") and steps[1].startswith("fuse{") and len(best1.ir.calls) == 1
+    else:
+        assert sorted(s.split(",")[0] for s in steps) == ["tile{call=0", "tile{call=1"]
+    for p in best1.parents:  # the composite beats each of its parents (the fuse parent has a model time only)
+        tier = "compiler" if out.nodes[p].passed("compiler") else "model"
+        assert out.nodes[p].results[tier].time_s > best1.results[tier].time_s
+    assert best1.passed("check") and out.best.passed("check")
+    assert max(len(n.recipe) for n in out.nodes.values()) <= 2  # the depth limit holds
+
+
+def test_step_leaders_take_one_faster_step_per_pass_and_call_and_a_structural_one_last() -> None:
+    from pallasopt.search.candidates import step_leaders
+    from pallasopt.search.node import Node
+
+    ir = KernelIR.from_file(ROOT / "tests" / "kernels" / "fuse" / "matmul_colmax.py")
+    root = Node((), "root", None, 0, ir)
+    root.results["compiler"] = TierResult("compiler", True, 1.0, "")
+
+    def kid(step: str, t: float, calls: int = 2, parent: str = "root") -> Node:
+        n = Node((step,), step, parent, 1, ir if calls == 2 else KernelIR.from_file(MATMUL))
+        n.results["compiler"] = TierResult("compiler", True, t, "")
+        return n
+
+    ranked = [
+        kid("fuse{producer=0}", 0.3, calls=1),  # one call fewer: it renumbers the calls, so it goes last
+        kid("tile{call=1,tm=256}", 0.5),
+        kid("tile{call=1,tm=128}", 0.6),  # the second of (tile, call 1)
+        kid("tile{call=0,tm=64}", 0.7, parent="other"),  # another state's child
+        kid("fuse{producer=1}", 0.75, calls=1),  # the second structural one
+        kid("vmem-limit{mib=64}", 0.8),  # a pass that names no call: its own group
+        kid("grid-order{call=1,order=1:0}", 0.85),  # another pass on call 1
+        kid("tile{call=0,tm=512}", 0.9),
+        kid("tile{call=2,tm=512}", 1.2),  # slower than the state
+    ]
+    faster = lambda n: n.results["compiler"].time_s < 1.0
+    assert [n.recipe[0] for n in step_leaders(root, ranked, faster)] == [
+        "tile{call=1,tm=256}",
+        "vmem-limit{mib=64}",
+        "grid-order{call=1,order=1:0}",
+        "tile{call=0,tm=512}",
+        "fuse{producer=0}",
+    ]

@@ -51,6 +51,8 @@ class RunDisplay:
                 self.console.print(f"[yellow]{tier} tier not used[/]: {escape(reason)}")
         elif kind == "expanded":
             self._update(f"depth {info['depth']}: ranking {info['children']} candidates (model -> compiler -> check)")
+        elif kind == "composed":
+            self._update(f"composing the best steps of different calls: {', '.join(info['recipes'])}")
         elif kind == "checked":
             self.checked += 1
             self._update(f"checked {self.checked} candidates in interpret mode")

@@ -19,12 +19,13 @@ skipped too. Skipped work is recorded on the node and counted in the ledger.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..config import SearchConfig
 from ..cost_model.hardware import Chip
 from ..ir.kernel_ir import KernelIR
 from ..passes.base import Pass
+from .candidates import step_leaders
 from .funnel import PRUNE_FACTOR, Funnel
 from .node import BaselineIncorrect, Node, ProgressFn, Score, SearchOutcome, score_of
 from .tiers import Evaluator
@@ -86,9 +87,12 @@ def beam_search(
         if unverifiable and not ranked:
             stop = "budget"  # no candidate of this depth could still be verified in the time left
             break
+        ranked = _with_composites(f, beam, ranked, children, config, bar)
         verified = _checked(f, ranked, config.beam, worst_kept, best_time)
         kept = verified if f.score_tier == "hardware" else [c for c in ranked if not c.failed("check")]
-        beam = sorted({n.digest: n for n in beam + kept}.values(), key=f.rank_key)[: config.beam]
+        # the beam holds states to expand: a composite already at the depth limit is a result, not a state
+        states = (n for n in {n.digest: n for n in beam + kept}.values() if n.depth < config.depth)
+        beam = sorted(states, key=f.rank_key)[: config.beam]
         _unchecked(f, beam)
         # the beam's first may be unchecked; none is verified yet where the baseline has no time at the ranking tier
         # (over the model's VMEM limit) and no candidate passed
@@ -103,6 +107,54 @@ def beam_search(
             break
         best_time = new_best
     return f.outcome(stop, "beam")
+
+
+def _with_composites(
+    f: Funnel, beam: list[Node], ranked: list[Node], children: list[Node], config: SearchConfig, bar: float
+) -> list[Node]:
+    """`ranked` and, for each state of the beam whose best children make different steps (`step_leaders`: another
+    call or another pass; the ranked ones first, then the others in model order), those steps applied one after the
+    other (`Funnel.compose`, within the depth limit), ranked at the model and compiler tiers like the others, all in
+    rank order: one compile per state for the recipe a further depth would have to find. llm_swiglu_mlp's best
+    depth-1 tiles of its two calls (98 ms with the down projection tiled at the compiler tier) compose to 18.4 ms,
+    which the 2026-12-05 bench runs reached in 2 of 5 (the others spent the 120 s budget before depth 2 and ended
+    at 97-98 ms). A step that only the model ranked (a fuse the prune did not compile) joins when the model times it
+    faster than the state."""
+    known = {n.digest for n in ranked}
+    rest = sorted((c for c in children if c.digest not in known and _untried(c)), key=_model_s)
+    made: list[Node] = []
+    for state in beam:
+        leaders = step_leaders(state, ranked + rest, _faster_than(f, state))
+        node = f.compose(leaders, config.depth) if len(leaders) > 1 else None
+        if node is not None and "model" not in node.results and all(node is not m for m in made):
+            made.append(node)
+    if not made or not f.budget_left():
+        return ranked
+    f.say("composed", {"recipes": [n.spec for n in made]})
+    return sorted(ranked + f.rank(made, config.beam, bar, prune=len(made)), key=f.rank_key)
+
+
+def _untried(n: Node) -> bool:
+    """Passed the model and no later tier ran or was skipped on it (the prune left it out)."""
+    return n.passed("model") and not n.skipped and all(t not in n.results for t in ("compiler", "check", "hardware"))
+
+
+def _model_s(n: Node) -> float:
+    t = n.results["model"].time_s
+    return float("inf") if t is None else t
+
+
+def _faster_than(f: Funnel, state: Node) -> Callable[[Node], bool]:
+    """Whether a child beats `state`: at the ranking tier when it has a time there, else by the model."""
+    top = f.key(state)
+
+    def faster(n: Node) -> bool:
+        k = f.key(n)
+        if k < float("inf"):
+            return k < top
+        return _untried(n) and "model" in state.results and _model_s(n) < _model_s(state)
+
+    return faster
 
 
 def _checked(f: Funnel, ranked: list[Node], want: int, worst_kept: float, best_time: float) -> list[Node]:

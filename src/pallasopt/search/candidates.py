@@ -143,6 +143,30 @@ def share_calls(ordered: list[Node], prune: int | None) -> tuple[list[Node], int
     return first + [n for n in ordered if n.digest not in chosen], len(first)
 
 
+def step_leaders(state: Node, ordered: Sequence[Node], faster: Callable[[Node], bool]) -> list[Node]:
+    """The children of `state` whose steps `Funnel.compose` applies one after the other, in that order: among those
+    `faster` than `state`, taken in `ordered` order, the best of each (pass, call) group (its `call=` parameter; one
+    group for a pass that names no call) that keeps the module's calls, then the best one that changes how many calls
+    there are (fuse: last, since it renumbers the calls the others name). Steps of different groups edit different
+    things, so one after the other is a recipe a further depth would have to find."""
+    assert state.ir is not None
+    calls = len(state.ir.calls)
+    keep: list[Node] = []
+    structural: Node | None = None
+    seen: set[tuple[str, int | None]] = set()
+    for n in ordered:
+        if n.parent != state.digest or n.ir is None or not n.recipe or not faster(n):
+            continue
+        if len(n.ir.calls) != calls:
+            structural = structural or n
+            continue
+        group = (n.recipe[-1].split("{")[0], changed_call(n))
+        if group not in seen:
+            seen.add(group)
+            keep.append(n)
+    return keep + ([structural] if structural is not None else [])
+
+
 def apply_choice(
     state: Node, choice: Pass, nodes: dict[str, Node], say: ProgressFn, parents: tuple[str, ...] = ()
 ) -> tuple[Node | None, bool]:

@@ -21,7 +21,14 @@ from ..cost_model.hardware import Chip
 from ..harness.check_dims import INTERPRET_S_PER_ELEMENT_STEP
 from ..ir.kernel_ir import KernelIR
 from ..passes.base import Pass
-from .candidates import apply_choice, evaluate_baseline, one_per_signature, share_calls, signature, truncate
+from .candidates import (
+    apply_choice,
+    evaluate_baseline,
+    one_per_signature,
+    share_calls,
+    signature,
+    truncate,
+)
 from .node import BaselineIncorrect, Node, ProgressFn, SearchOutcome, score_of
 from .ranking import RANKING_TIERS, choose_tier, tier_works, unavailable_reason
 from .spend import Ledger
@@ -271,6 +278,21 @@ class Funnel:
                 return None
             node = self.follow(node, choice, parents if i == len(specs) - 1 else ())
         return node
+
+    def compose(self, leaders: Sequence[Node], max_depth: int) -> Node | None:
+        """The first of `leaders` (`step_leaders`: children of one state) with the last step of each next one
+        applied after it, while the recipe stays within `max_depth` steps; a step that declines there, fails, or
+        leaves another number of calls than it did alone is left out. None when no step could be added. Each step's
+        parents are the two nodes it joined."""
+        node = leaders[0]
+        for other in leaders[1:]:
+            if node.depth >= max_depth:
+                break
+            assert other.ir is not None
+            nxt = self.replay(node, other.recipe[-1:], parents=(node.digest, other.digest))
+            if nxt is not None and nxt is not node and nxt.ir is not None and len(nxt.ir.calls) == len(other.ir.calls):
+                node = nxt
+        return None if node is leaders[0] else node
 
     def child(self, state: Node, choice: Pass, parents: tuple[str, ...] = ()) -> Node | None:
         """`choice` applied to `state`: a new node, or None (declined, failed: recorded, or already seen)."""
