@@ -118,3 +118,55 @@ def test_widths_written_as_expressions_with_one_literal_side() -> None:
     assert "x_ref.shape[1] - x_ref_unpadded.shape[1] - 0" in kernel
     (result,) = check_many([new.source], str(CAUSAL))
     assert result.ok, result.message
+
+
+def _causal_through_a_lambda(inline: bool, forward: str = "x_ref, w_ref, b_ref, o_ref") -> str:
+    """CAUSAL with a keyword-only `taps` the call binds in a lambda (fused_21's form), written in the call or
+    through a local name."""
+    source = CAUSAL.read_text()
+    old_def, old_loop, old_arg = "def _conv_kernel(x_ref, w_ref, b_ref, o_ref):", "range(3)", "        _conv_kernel,\n"
+    assert old_def in source and old_loop in source and old_arg in source
+    source = source.replace(old_def, "def _conv_kernel(x_ref, w_ref, b_ref, o_ref, *, taps: int):")
+    source = source.replace(old_loop, "range(taps)", 1)  # the kernel's; the reference keeps its own
+    lam = f"lambda x_ref, w_ref, b_ref, o_ref: _conv_kernel({forward}, taps=3)"
+    if inline:
+        return source.replace(old_arg, f"        {lam},\n")
+    source = source.replace(old_arg, "        kernel,\n")
+    return source.replace("    xp = jnp.pad(", f"    kernel = {lam}\n    xp = jnp.pad(")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_kernel_behind_a_forwarding_lambda_gets_the_new_ref_through_it(inline: bool) -> None:
+    """fused_21 binds the kernel's taps in `kernel = lambda x_ref, w_ref, o_ref: _kernel(x_ref, w_ref, o_ref,
+    taps=K)`; the lambda takes and forwards the scratch too, and the result passes the oracle."""
+    ir = KernelIR.from_source(_causal_through_a_lambda(inline), str(CAUSAL))
+    assert PadInKernelPass.choices(ir, V5E) == (PadInKernelPass(call=0, operand=0),)
+    new = PadInKernelPass(call=0, operand=0).apply(ir)
+    wrapper = _function(new.source, "causal_conv")
+    assert (
+        "lambda x_ref, w_ref, b_ref, o_ref, scratch_ref: _conv_kernel(x_ref, w_ref, b_ref, o_ref, scratch_ref, taps=3)"
+        in wrapper
+    )
+    assert "xp" not in wrapper and "scratch_shapes=[pltpu.VMEM((1, T + 2, tc), x.dtype)]" in wrapper
+    assert "def _conv_kernel(x_ref_unpadded, w_ref, b_ref, o_ref, x_ref, *, taps: int):" in new.source
+    (result,) = check_many([new.source], str(CAUSAL))
+    assert result.ok, result.message
+
+
+@pytest.mark.parametrize(
+    "forward",
+    ["w_ref, x_ref, b_ref, o_ref", "x_ref, w_ref, b_ref", "x_ref, w_ref, b_ref, o_ref, x_ref"],
+    ids=["reordered", "one-dropped", "one-more"],
+)
+def test_a_lambda_that_does_not_forward_its_refs_in_order_declines(forward: str) -> None:
+    from pallasopt.ir.kernel_ir import KernelIR as IR
+
+    source = _causal_through_a_lambda(False, forward)
+    try:
+        ir = IR.from_source(source, str(CAUSAL))
+    except Exception:  # a lambda that no longer matches the kernel's parameters may not even trace
+        return
+    assert PadInKernelPass.choices(ir, V5E) == ()
+    with pytest.raises(PassNotApplicable, match="cannot find the kernel function"):
+        PadInKernelPass(call=0, operand=0).apply(ir)

@@ -350,15 +350,53 @@ def add_scratch(
 def nested_into(loc: Located, edits: dict[cst.CSTNode, cst.CSTNode]) -> dict[cst.CSTNode, cst.CSTNode]:
     """`edits` with each edit inside another edit's node applied to that node's replacement instead (`add_scratch`
     replaces the whole pallas_call, which holds the BlockSpec edited too; its replacement shares the untouched
-    children, so the inner node is found there by identity)."""
-    out = dict(edits)
-    for inner in list(out):
-        up = loc.parent(inner)
-        while up is not None and up not in out:
+    children, so the inner node is found there by identity). All the edits inside one node go in one traversal
+    (`replace_many`): a traversal rebuilds the whole node, so a second one would find no inner node by identity (an
+    inline kernel lambda and a BlockSpec inside one call lost the lambda's edit that way). Innermost targets first."""
+
+    def target(node: cst.CSTNode) -> cst.CSTNode | None:
+        up = loc.parent(node)
+        while up is not None and up not in edits:
             up = loc.parent(up)
+        return up
+
+    def depth(node: cst.CSTNode) -> int:
+        n, up = 0, loc.parent(node)
+        while up is not None:
+            n, up = n + 1, loc.parent(up)
+        return n
+
+    groups: dict[cst.CSTNode, list[cst.CSTNode]] = {}
+    for inner in edits:
+        up = target(inner)
         if up is not None:
-            out[up] = out[up].deep_replace(inner, out.pop(inner))
+            groups.setdefault(up, []).append(inner)
+    out = dict(edits)
+    for up in sorted(groups, key=depth, reverse=True):
+        out[up] = replace_many(out[up], {inner: out.pop(inner) for inner in groups[up]})
     return out
+
+
+def forward_new_ref(lam: cst.Lambda) -> cst.Lambda:
+    """A forwarding lambda (`matchers.forwarding_lambda`) taking one more ref last and passing it on after the
+    others, for a kernel function that got a new last positional parameter (`ref_via_scratch`)."""
+    names = {p.name.value for p in lam.params.params}
+    new = fresh_name(names | {n.value for n in m.findall(lam.body, m.Name()) if isinstance(n, cst.Name)}, "scratch_ref")
+    body = lam.body
+    assert isinstance(body, cst.Call)
+    args = list(body.args)
+    n = len(lam.params.params)
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    new_arg = cst.Arg(cst.Name(new), comma=comma if len(args) > n else cst.MaybeSentinel.DEFAULT)
+    if n:
+        args[n - 1] = args[n - 1].with_changes(comma=comma)
+    params = list(lam.params.params)
+    if params:
+        params[-1] = params[-1].with_changes(comma=comma)
+    params.append(cst.Param(cst.Name(new)))
+    return lam.with_changes(
+        params=lam.params.with_changes(params=params), body=body.with_changes(args=[*args[:n], new_arg, *args[n:]])
+    )
 
 
 def ref_via_scratch(

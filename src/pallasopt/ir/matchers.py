@@ -293,14 +293,25 @@ def spec_site(
 
 def kernel_function(loc: Located, call: cst.Call) -> cst.FunctionDef | None:
     """The module-level function a pallas_call runs as its kernel (directly or through functools.partial)."""
+    kernel, forwarder = kernel_path(loc, call)
+    return kernel if forwarder is None else None
+
+
+def kernel_path(loc: Located, call: cst.Call) -> tuple[cst.FunctionDef | None, cst.Lambda | None]:
+    """The kernel function of a pallas_call (`kernel_function`), also when reached through a `forwarding_lambda`
+    (`kernel = lambda x_ref, o_ref: _kernel(x_ref, o_ref, taps=K)`), and that lambda (None when there is none). A
+    rewrite that adds a ref to the function must add it to the lambda too (`cst_edit.forward_new_ref`)."""
     first = call.args[0].value if call.args and call.args[0].keyword is None else None
     if first is None:
         arg = keyword(call, "kernel")
         first = arg.value if arg is not None else None
-    hops = 0
+    hops, forwarder = 0, None
     while first is not None and hops < 4:
         if isinstance(first, cst.Call) and first.args:  # functools.partial(fn, ...)
             first = first.args[0].value
+        elif isinstance(first, cst.Lambda) and forwarder is None and forwarding_lambda(first) is not None:
+            forwarder = first
+            first = forwarding_lambda(first)
         elif isinstance(first, cst.Name):
             name = first.value
             defs = [
@@ -309,24 +320,53 @@ def kernel_function(loc: Located, call: cst.Call) -> cst.FunctionDef | None:
                 if isinstance(d, cst.FunctionDef)
             ]
             if len(defs) == 1:  # module level or a closure in the entry
-                return defs[0]
+                return defs[0], forwarder
             first = resolve_local(loc, call, name)
         else:
-            return None
+            return None, None
         hops += 1
-    return None
+    return None, None
 
 
-def call_kernel(loc: Located, call: CallFacts, n_refs: int) -> tuple[cst.Call, cst.FunctionDef, tuple[str, ...]]:
+def forwarding_lambda(lam: cst.Lambda) -> cst.Name | None:
+    """The function a lambda forwards its refs to: `lambda a, b, c: f(a, b, c, k=v, ...)` (plain parameters, passed
+    on positionally in order and first, the other arguments keywords that do not read them); None otherwise."""
+    ps = lam.params
+    plain = not (ps.kwonly_params or ps.posonly_params or ps.star_kwarg is not None)
+    plain = plain and ps.star_arg is cst.MaybeSentinel.DEFAULT and all(p.default is None for p in ps.params)
+    body = lam.body
+    if not plain or not isinstance(body, cst.Call) or not isinstance(body.func, cst.Name):
+        return None
+    names = [p.name.value for p in ps.params]
+    args = list(body.args)
+    head, tail = args[: len(names)], args[len(names) :]
+    if len(head) != len(names) or any(
+        a.keyword is not None or a.star or not (isinstance(a.value, cst.Name) and a.value.value == n)
+        for a, n in zip(head, names, strict=True)
+    ):
+        return None
+    if any(a.keyword is None or a.star for a in tail):
+        return None
+    if any(isinstance(x, cst.Name) and x.value in names for a in tail for x in m.findall(a.value, m.Name())):
+        return None
+    return body.func
+
+
+def call_kernel(
+    loc: Located, call: CallFacts, n_refs: int, through_lambda: bool = False
+) -> tuple[cst.Call, cst.FunctionDef, tuple[str, ...]]:
     """The pallas_call node that made `call`, its kernel function and the kernel's ref names (declines when the
-    kernel cannot be found or takes fewer than `n_refs` positional refs)."""
+    kernel cannot be found or takes fewer than `n_refs` positional refs). `through_lambda`: also a kernel reached
+    through a forwarding lambda (`kernel_path`: the caller edits the lambda with the function)."""
     node = find_call_node(loc, call)
-    kernel = kernel_function(loc, node)
-    check(kernel is not None, "cannot find the kernel function")
+    kernel, forwarder = kernel_path(loc, node)
+    check(kernel is not None and (through_lambda or forwarder is None), "cannot find the kernel function")
     assert kernel is not None
     refs = kernel_refs(kernel)
     check(refs is not None and len(refs) >= n_refs, "the kernel's parameters do not match its refs")
     assert refs is not None
+    if forwarder is not None:
+        check(len(forwarder.params.params) == n_refs, "the kernel's lambda does not take exactly the call's refs")
     return node, kernel, refs
 
 
@@ -371,6 +411,7 @@ class InputSite:
     kernel: cst.FunctionDef
     refs: tuple[str, ...]
     site: CallSite
+    forwarder: cst.Lambda | None = None  # the lambda between the call and the kernel (`kernel_path`)
 
 
 def input_site(module: cst.Module, calls: Sequence[CallFacts], call: int, operand: int) -> InputSite:
@@ -384,12 +425,12 @@ def input_site(module: cst.Module, calls: Sequence[CallFacts], call: int, operan
     check(0 <= operand < len(facts.inputs), f"pallas_call #{call} has no input {operand}")
     n_refs = len(facts.inputs) + len(facts.outputs) + len(facts.scratch)
     loc = Located.of(module)
-    node, kernel, refs = call_kernel(loc, facts, n_refs)
+    node, kernel, refs = call_kernel(loc, facts, n_refs, through_lambda=True)
     check(len(refs) == n_refs, "the kernel's positional parameters do not match its refs")
     site = call_site(loc, node)
     check(site is not None, "the pallas_call is not applied to positional operands in place")
     assert site is not None
-    return InputSite(loc, node, kernel, refs, site)
+    return InputSite(loc, node, kernel, refs, site, kernel_path(loc, node)[1])
 
 
 def kernel_refs(kernel: cst.FunctionDef) -> tuple[str, ...] | None:

@@ -11,7 +11,7 @@ import libcst as cst
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import fresh_name
-from ..ir.cst_edit import add_scratch, ensure_pltpu, nested_into, ref_via_scratch, replace_many
+from ..ir.cst_edit import add_scratch, ensure_pltpu, forward_new_ref, nested_into, ref_via_scratch, replace_many
 from ..ir.facts import Operand
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
@@ -191,7 +191,7 @@ class PadInKernelPass(Pass):
 
     def _plan(
         self, ir: KernelIR, module: cst.Module
-    ) -> tuple[Located, cst.Call, cst.FunctionDef, str, _Site, cst.CSTNode, cst.Call]:
+    ) -> tuple[Located, cst.Call, cst.FunctionDef, str, _Site, cst.CSTNode, cst.Call, cst.Lambda | None]:
         """What the rewrite of `module` (`ir`'s, or it with an import added) needs, or PassNotApplicable saying why
         not."""
         at = input_site(module, ir.calls, self.call, self.operand)
@@ -218,11 +218,11 @@ class PadInKernelPass(Pass):
             "the BlockSpec's block shape is not a literal tuple",
         )
         check(enclosing_function(loc, spec) is enclosing_function(loc, node), "the BlockSpec is built elsewhere")
-        return loc, node, kernel, ref, padded, where, spec
+        return loc, node, kernel, ref, padded, where, spec, at.forwarder
 
     def apply(self, ir: KernelIR) -> KernelIR:
         module, pltpu = ensure_pltpu(ir.module)
-        loc, node, kernel, ref, padded, where, spec = self._plan(ir, module)
+        loc, node, kernel, ref, padded, where, spec, forwarder = self._plan(ir, module)
         facts = ir.calls[self.call]
         op = facts.inputs[self.operand]
         jnp = jnp_alias(loc.wrapper.module)
@@ -251,6 +251,8 @@ class PadInKernelPass(Pass):
             f"{ref}[...] = {jnp}.zeros({ref}.shape, {ref}.dtype)\n{ref}[{index}] = {inner}[...]\n"
         ).body
         edits[kernel] = ref_via_scratch(kernel, self.operand, ref, inner, prologue)
+        if forwarder is not None:
+            edits[forwarder] = forward_new_ref(forwarder)
         block = ", ".join(t for t, _ in visible) + ("," if len(visible) == 1 else "")
         add_scratch(loc, node, [cst.parse_expression(f"{pltpu}.VMEM(({block}), {padded.source}.dtype)")], edits)
         try:

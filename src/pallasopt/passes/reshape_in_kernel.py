@@ -12,7 +12,7 @@ import libcst as cst
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import fresh_name, tuple_expr
-from ..ir.cst_edit import add_scratch, ensure_pltpu, nested_into, ref_via_scratch, replace_many
+from ..ir.cst_edit import add_scratch, ensure_pltpu, forward_new_ref, nested_into, ref_via_scratch, replace_many
 from ..ir.facts import CallFacts, Operand, dtype_bytes
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
@@ -178,6 +178,7 @@ class _Plan:
     texts: tuple[str, ...]  # the operand's block shape as written
     block: tuple[str, ...]  # the source's block shape and index map elements (`_block_of_source`)
     where_texts: tuple[str, ...]
+    forwarder: cst.Lambda | None  # a lambda between the call and the kernel, which takes the new ref too
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,20 @@ class ReshapeInKernelPass(Pass):
         add_scratch(loc, node, [cst.Name("_")], {})  # declines here when the call's scratch list cannot be edited
         source = _Source(found[0], found[1], src_shape)
         return _Plan(
-            loc, node, site, kernel, ref, source, where, spec, shape, imap, texts, tuple(block), tuple(where_texts)
+            loc,
+            node,
+            site,
+            kernel,
+            ref,
+            source,
+            where,
+            spec,
+            shape,
+            imap,
+            texts,
+            tuple(block),
+            tuple(where_texts),
+            at.forwarder,
         )
 
     def apply(self, ir: KernelIR) -> KernelIR:
@@ -273,6 +287,8 @@ class ReshapeInKernelPass(Pass):
             value = f"{value}.reshape({p.ref}.shape)"
         prologue = cst.parse_module(f"{p.ref}[...] = {value}\n").body
         edits[p.kernel] = ref_via_scratch(p.kernel, self.operand, p.ref, inner, prologue)
+        if p.forwarder is not None:
+            edits[p.forwarder] = forward_new_ref(p.forwarder)
         visible = [t for t, b in zip(texts, op.block_shape, strict=True) if b is not None]
         kept = code(tuple_expr(visible))
         add_scratch(p.loc, p.node, [cst.parse_expression(f"{pltpu}.VMEM({kept}, {p.source.name}.dtype)")], edits)
