@@ -400,15 +400,24 @@ def forward_new_ref(lam: cst.Lambda) -> cst.Lambda:
 
 
 def ref_via_scratch(
-    kernel: cst.FunctionDef, operand: int, ref: str, inner: str, prologue: Sequence[cst.BaseStatement]
+    kernel: cst.FunctionDef,
+    operand: int,
+    ref: str,
+    inner: str,
+    prologue: Sequence[cst.BaseStatement],
+    n_refs: int | None = None,
 ) -> cst.FunctionDef:
-    """The kernel taking its `operand`-th ref as `inner` (in `ref`'s place) and a new last positional parameter
-    named `ref` (a VMEM scratch the call adds), running `prologue` (which builds the scratch from `inner`) first thing
-    in the body, after a docstring: the body reads `ref` as before."""
+    """The kernel taking its `operand`-th ref as `inner` (in `ref`'s place) and a new positional parameter named
+    `ref` (a VMEM scratch the call adds) after its `n_refs` refs (default: last; a kernel behind a forwarding lambda
+    may take values of the lambda's after them), running `prologue` (which builds the scratch from `inner`) first
+    thing in the body, after a docstring: the body reads `ref` as before."""
     params = list(kernel.params.params)
+    at = len(params) if n_refs is None else n_refs
     params[operand] = params[operand].with_changes(name=cst.Name(inner))
-    params[-1] = params[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    params.append(cst.Param(name=cst.Name(ref)))
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    new = cst.Param(name=cst.Name(ref), comma=comma if at < len(params) else cst.MaybeSentinel.DEFAULT)
+    params[at - 1] = params[at - 1].with_changes(comma=comma)
+    params.insert(at, new)
     body = kernel.body
     assert isinstance(body, cst.IndentedBlock)
     stmts = list(body.body)

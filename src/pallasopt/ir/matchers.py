@@ -329,8 +329,9 @@ def kernel_path(loc: Located, call: cst.Call) -> tuple[cst.FunctionDef | None, c
 
 
 def forwarding_lambda(lam: cst.Lambda) -> cst.Name | None:
-    """The function a lambda forwards its refs to: `lambda a, b, c: f(a, b, c, k=v, ...)` (plain parameters, passed
-    on positionally in order and first, the other arguments keywords that do not read them); None otherwise."""
+    """The function a lambda forwards its refs to: `lambda a, b, c: f(a, b, c, v, k=w, ...)` (plain parameters,
+    passed on positionally in order and first; the other arguments, positional or keywords, do not read them);
+    None otherwise."""
     ps = lam.params
     plain = not (ps.kwonly_params or ps.posonly_params or ps.star_kwarg is not None)
     plain = plain and ps.star_arg is cst.MaybeSentinel.DEFAULT and all(p.default is None for p in ps.params)
@@ -345,7 +346,7 @@ def forwarding_lambda(lam: cst.Lambda) -> cst.Name | None:
         for a, n in zip(head, names, strict=True)
     ):
         return None
-    if any(a.keyword is None or a.star for a in tail):
+    if any(a.star for a in tail):
         return None
     if any(isinstance(x, cst.Name) and x.value in names for a in tail for x in m.findall(a.value, m.Name())):
         return None
@@ -365,8 +366,9 @@ def call_kernel(
     refs = kernel_refs(kernel)
     check(refs is not None and len(refs) >= n_refs, "the kernel's parameters do not match its refs")
     assert refs is not None
-    if forwarder is not None:
+    if forwarder is not None:  # the lambda passes the refs first, then values of its own
         check(len(forwarder.params.params) == n_refs, "the kernel's lambda does not take exactly the call's refs")
+        refs = refs[:n_refs]
     return node, kernel, refs
 
 

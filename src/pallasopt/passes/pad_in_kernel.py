@@ -250,7 +250,9 @@ class PadInKernelPass(Pass):
         prologue = cst.parse_module(
             f"{ref}[...] = {jnp}.zeros({ref}.shape, {ref}.dtype)\n{ref}[{index}] = {inner}[...]\n"
         ).body
-        edits[kernel] = ref_via_scratch(kernel, self.operand, ref, inner, prologue)
+        edits[kernel] = ref_via_scratch(
+            kernel, self.operand, ref, inner, prologue, len(facts.inputs) + len(facts.outputs) + len(facts.scratch)
+        )
         if forwarder is not None:
             edits[forwarder] = forward_new_ref(forwarder)
         block = ", ".join(t for t, _ in visible) + ("," if len(visible) == 1 else "")

@@ -286,7 +286,9 @@ class ReshapeInKernelPass(Pass):
         else:
             value = f"{value}.reshape({p.ref}.shape)"
         prologue = cst.parse_module(f"{p.ref}[...] = {value}\n").body
-        edits[p.kernel] = ref_via_scratch(p.kernel, self.operand, p.ref, inner, prologue)
+        edits[p.kernel] = ref_via_scratch(
+            p.kernel, self.operand, p.ref, inner, prologue, len(facts.inputs) + len(facts.outputs) + len(facts.scratch)
+        )
         if p.forwarder is not None:
             edits[p.forwarder] = forward_new_ref(p.forwarder)
         visible = [t for t, b in zip(texts, op.block_shape, strict=True) if b is not None]
