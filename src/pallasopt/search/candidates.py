@@ -148,14 +148,15 @@ def step_leaders(state: Node, ordered: Sequence[Node], faster: Callable[[Node], 
     `faster` than `state`, taken in `ordered` order, the best of each (pass, call) group (its `call=` parameter; one
     group for a pass that names no call) that keeps the module's calls, then the best one that changes how many calls
     there are (fuse: last, since it renumbers the calls the others name). Steps of different groups edit different
-    things, so one after the other is a recipe a further depth would have to find."""
+    things, so one after the other is a recipe a further depth would have to find. An LLM-written child is a leaf
+    (no workload: it runs only in child processes) and takes no part: replaying its step would ask the LLM again."""
     assert state.ir is not None
     calls = len(state.ir.calls)
     keep: list[Node] = []
     structural: Node | None = None
     seen: set[tuple[str, int | None]] = set()
     for n in ordered:
-        if n.parent != state.digest or n.ir is None or not n.recipe or not faster(n):
+        if n.parent != state.digest or n.ir is None or n.ir.workload is None or not n.recipe or not faster(n):
             continue
         if len(n.ir.calls) != calls:
             structural = structural or n
