@@ -257,7 +257,7 @@ def test_a_candidate_with_the_signature_of_a_compiled_one_is_not_compiled_again(
 
 
 def test_ranking_more_candidates_keeps_the_check_reserve_of_the_fastest_so_far(matmul_ir) -> None:
-    """Composites are ranked after their depth's children (`rank(..., more=True)`): the check the compiles keep time
+    """Composites are ranked after their depth's children (`rank(..., joining=True)`): the check the compiles keep time
     for stays that of the fastest compiled candidate of them all (a fresh rank starts over)."""
     f = funnel(matmul_ir, Floored(floor=False))
     children = sorted(f.expand(f.root, (TilePass,), {"tile": 8}), key=lambda c: model_tier(c.ir, V5E).time_s)
@@ -265,7 +265,7 @@ def test_ranking_more_candidates_keeps_the_check_reserve_of_the_fastest_so_far(m
     lead = f.rank(first, want=None)[0]
     f.check_seconds = lambda c: 100.0 if c is lead else 1.0  # type: ignore[method-assign]
     assert f.check_reserve() == 100.0
-    later = f.rank(slower, want=None, more=True)
+    later = f.rank(slower, want=None, joining=True)
     assert later and all(f.rank_key(c) > f.rank_key(lead) for c in later)
     assert f.check_reserve() == 100.0  # still the first batch's fastest
     f.rank(others, want=None)

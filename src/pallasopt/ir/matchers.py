@@ -297,6 +297,33 @@ def kernel_function(loc: Located, call: cst.Call) -> cst.FunctionDef | None:
     return kernel if forwarder is None else None
 
 
+def kernel_body(loc: Located, call: cst.Call) -> cst.FunctionDef | None:
+    """The function whose body runs as the call's kernel, also behind a forwarding lambda (`kernel_path`): for
+    rewrites that read or edit the body only, never its parameters."""
+    return kernel_path(loc, call)[0]
+
+
+def bound_values(loc: Located, call: cst.Call) -> dict[str, cst.BaseExpression]:
+    """The values the wrapper binds to the kernel's parameters that are not refs, in the wrapper's terms: the
+    keywords of a `functools.partial(kernel, k=v, ...)`, or of a forwarding lambda (`kernel_path`) and the values it
+    passes positionally after the refs (by the function's parameter names)."""
+    first = call.args[0].value if call.args and call.args[0].keyword is None else None
+    first = resolve(loc, call, first)
+    if isinstance(first, cst.Call) and is_call_to(first, "partial"):
+        return {a.keyword.value: a.value for a in first.args if a.keyword is not None}
+    kernel, forwarder = kernel_path(loc, call)
+    if kernel is None or forwarder is None:
+        return {}
+    body = forwarder.body
+    assert isinstance(body, cst.Call)
+    n = len(forwarder.params.params)
+    names = [p.name.value for p in kernel.params.params]
+    out = {a.keyword.value: a.value for a in body.args[n:] if a.keyword is not None}
+    extra = [a.value for a in body.args[n:] if a.keyword is None]
+    out.update({name: v for name, v in zip(names[n:], extra, strict=False)})
+    return out
+
+
 def kernel_path(loc: Located, call: cst.Call) -> tuple[cst.FunctionDef | None, cst.Lambda | None]:
     """The kernel function of a pallas_call (`kernel_function`), also when reached through a `forwarding_lambda`
     (`kernel = lambda x_ref, o_ref: _kernel(x_ref, o_ref, taps=K)`), and that lambda (None when there is none). A

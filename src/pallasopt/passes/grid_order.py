@@ -18,7 +18,7 @@ from ..ir.matchers import (
     Located,
     find_call_node,
     grid_spec_keyword,
-    kernel_function,
+    kernel_body,
     keyword,
     resolve_local,
     spec_nodes,
@@ -140,7 +140,7 @@ def _permute_index_map(
 def _renumber_program_ids(
     loc: Located, call: cst.Call, inv: dict[int, int], edits: dict[cst.CSTNode, cst.CSTNode]
 ) -> None:
-    kernel = kernel_function(loc, call)
+    kernel = kernel_body(loc, call)
     check(kernel is not None, "cannot find the kernel function to renumber its program_id uses")
     assert kernel is not None
     pid = m.Call(

@@ -17,15 +17,15 @@ from ..ir.mask_bounds import Mask, Reader, bound_on_axis, needed_text, neutral_f
 from ..ir.matchers import (
     Located,
     blockspec_parts,
+    bound_values,
     code,
     enclosing_function,
     find_call_node,
     free_names,
     is_call_to,
     jnp_alias,
-    kernel_function,
+    kernel_body,
     pl_alias,
-    resolve,
     spec_nodes,
 )
 from ..ir.scope import Scope, statements
@@ -92,7 +92,7 @@ class SkipMaskedBlocksPass(Pass):
         check(bool(_reduction_axes(facts)), "no grid axis is a reduction that every output stays fixed along")
         loc = Located.of(ir.module)
         node = find_call_node(loc, facts)
-        kernel = kernel_function(loc, node)
+        kernel = kernel_body(loc, node)
         check(kernel is not None, "cannot find the kernel function")
         assert kernel is not None
         namespace = vars(ir.workload.module) if ir.workload is not None else {}
@@ -214,15 +214,6 @@ def _wrap(a: _Analysis, pl: str) -> cst.FunctionDef:
     return a.kernel.with_changes(body=a.kernel.body.with_changes(body=new_body))
 
 
-def _partial_keywords(loc: Located, node: cst.Call) -> dict[str, cst.BaseExpression]:
-    """The keywords of a `functools.partial(kernel, k=v, ...)` the pallas_call runs (through local names)."""
-    first = node.args[0].value if node.args and node.args[0].keyword is None else None
-    first = resolve(loc, node, first)
-    if not (isinstance(first, cst.Call) and is_call_to(first, "partial")):
-        return {}
-    return {arg.keyword.value: arg.value for arg in first.args if arg.keyword is not None}
-
-
 def _sign(text: str, namespace: dict[str, Any]) -> int | None:
     v = static_value(text, namespace)
     return (v > 0) - (v < 0) if isinstance(v, int) else None
@@ -242,9 +233,9 @@ def _clamp_index_maps(
     params = {p.name.value for p in a.kernel.params.params} | {p.name.value for p in a.kernel.params.kwonly_params}
     free = set().union(*(c.form.names for c in a.mask.constraints()))
     local = sorted(n for n in free if n in params or n not in namespace)
-    # a keyword the wrapper binds with functools.partial (`q_offset=sk - sq`) is visible to index maps written in
-    # the same function: its value text replaces the name there
-    bound = {n: v for n, v in _partial_keywords(loc, node).items() if n in local}
+    # a value the wrapper binds with functools.partial or a forwarding lambda (`q_offset=sk - sq`) is visible to
+    # index maps written in the same function: its value text replaces the name there
+    bound = {n: v for n, v in bound_values(loc, node).items() if n in local}
     home = enclosing_function(loc, node)
     local = [n for n in local if n not in bound]
     check(not local, f"the mask reads {local}, which the index maps cannot see (make them module constants)")

@@ -16,7 +16,7 @@ from ..ir.cst_edit import replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..ir.mask_bounds import Mask, Reader, bound_on_axis, neutral_fill, static_value
-from ..ir.matchers import Located, code, find_call_node, is_call_to, jnp_alias, kernel_function, module_names, pl_alias
+from ..ir.matchers import Located, code, find_call_node, is_call_to, jnp_alias, kernel_body, module_names, pl_alias
 from ..ir.scope import Scope, fori_loops, loop_body_def, params, statements
 from .base import Pass
 
@@ -63,7 +63,7 @@ class SkipMaskedChunksPass(Pass):
         for c in ir.calls:
             if not candidate(c):
                 continue
-            kernel = kernel_function(loc, find_call_node(loc, c))
+            kernel = kernel_body(loc, find_call_node(loc, c))
             if kernel is not None and isinstance(kernel.body, cst.IndentedBlock):
                 out += [cls(call=c.index, loop=i) for i in range(len(fori_loops(kernel, streamed=True)))]
         return tuple(out)
@@ -74,7 +74,7 @@ class SkipMaskedChunksPass(Pass):
         check(facts.library_site is None, "the kernel body is in a library, not in this file")
         loc = Located.of(ir.module)
         node = find_call_node(loc, facts)
-        kernel = kernel_function(loc, node)
+        kernel = kernel_body(loc, node)
         check(kernel is not None and isinstance(kernel.body, cst.IndentedBlock), "cannot find the kernel function")
         assert kernel is not None
         loops = fori_loops(kernel, streamed=True)

@@ -131,7 +131,7 @@ def _with_composites(
     if not made or not f.budget_left():
         return ranked
     f.say("composed", {"recipes": [n.spec for n in made]})
-    return sorted(ranked + f.rank(made, config.beam, bar, prune=len(made), more=True), key=f.rank_key)
+    return sorted(ranked + f.rank(made, config.beam, bar, prune=len(made), joining=True), key=f.rank_key)
 
 
 def _untried(n: Node) -> bool:

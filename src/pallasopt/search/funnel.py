@@ -331,14 +331,14 @@ class Funnel:
         bar: float = float("inf"),
         *,
         prune: int | None = None,
-        more: bool = False,
+        joining: bool = False,
     ) -> list[Node]:
         """The model and compiler tiers: the children that passed both, best first at the ranking tier.
 
         `bar`: a candidate slower than this cannot change the result. When the compiler ranks, a candidate whose
         compile floor (the HBM bytes / bandwidth the compiler tier's time is never below: `compile_floor`) is
         already >= `bar` is not compiled; the node records why and the ledger counts it ("skipped-compiler").
-        `more`: these join the candidates the last `rank` ranked (composites, `beam._with_composites`): the check
+        `joining`: these join the candidates the last `rank` ranked (composites, `beam._with_composites`): the check
         kept in reserve is still that of the fastest of them all, not only of these."""
         children = list(children)
         for c in children:
@@ -350,7 +350,7 @@ class Funnel:
             key=lambda n: (n.results["model"].time_s or 0.0, len(n.recipe), n.spec),
         )
         prune = prune if prune is not None else (None if want is None else want * PRUNE_FACTOR)
-        if not more:
+        if not joining:
             self._lead, self._reserve_s = None, None
         ordered, prune = share_calls(one_per_signature(alive), prune)
         alive, rest = ordered[:prune], ([] if prune is None else ordered[prune:])
