@@ -43,6 +43,13 @@ def test_choices_one_per_streamable_loop(window, lse) -> None:
     assert StreamChunksPass.choices(KernelIR.from_file(ROOT / "examples" / "matmul.py"), V5E) == ()
 
 
+@pytest.mark.parametrize("loop", [-1, 1])
+def test_a_loop_number_out_of_range_declines(window, loop: int) -> None:
+    # -1 indexed the loop list from the end (the last loop, under a spec that names none)
+    with pytest.raises(PassNotApplicable, match=f"no loop #{loop}: the kernel has 1 fori_loop"):
+        StreamChunksPass(call=0, loop=loop).apply(window)
+
+
 def test_the_loop_reads_chunks_and_the_blocks_stay_in_hbm(window) -> None:
     new = StreamChunksPass().apply(window)
     src = new.source

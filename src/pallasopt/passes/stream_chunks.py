@@ -265,7 +265,10 @@ def plan(module: cst.Module, facts: CallFacts, loop_index: int) -> _Plan:
     n_in = len(facts.inputs)
     _, kernel, refs = call_kernel(loc, facts, facts.num_scalar_prefetch + n_in)
     loops = fori_loops(kernel)
-    check(loop_index < len(loops), f"the kernel has {len(loops)} fori_loop(s) in its top-level statements")
+    check(
+        0 <= loop_index < len(loops),
+        f"no loop #{loop_index}: the kernel has {len(loops)} fori_loop(s) in its top-level statements",
+    )
     loop = loops[loop_index]
     body = loop_body_def(kernel, loop, unroll=True)
     counter = params(body)[0].name.value
