@@ -697,3 +697,23 @@ def test_step_leaders_take_one_faster_step_per_pass_and_call_and_a_structural_on
         "tile{call=0,tm=512}",
         "fuse{producer=0}",
     ]
+
+
+def test_a_structural_step_gets_its_own_composite_when_the_fold_reaches_the_depth_limit_first() -> None:
+    """two_producers: the best tiles of calls 0 and 1 fill the depth-2 fold, so the fuse the model ranks faster
+    than the state also follows the best tile alone: two composites in depth 1."""
+    from pallasopt.passes.fuse import FusePass
+
+    ir = KernelIR.from_file(ROOT / "tests" / "kernels" / "fuse" / "two_producers.py")
+    events: list[tuple[str, dict]] = []
+    beam_search(
+        ir,
+        (TilePass, FusePass),
+        FakeTiers(),
+        V5E,
+        SearchConfig(beam=2, depth=2, jobs=1),
+        progress=lambda kind, info: events.append((kind, info)),
+    )
+    (made,) = [info["recipes"] for kind, info in events if kind == "composed"]
+    assert len(made) == 2 and made[0].split("},")[0] == made[1].split("},")[0], made  # the same best step first
+    assert made[0].split("},")[1].startswith("tile{call=1") and made[1].split("},")[1].startswith("fuse{"), made

@@ -119,15 +119,25 @@ def _with_composites(
     depth-1 tiles of its two calls (98 ms with the down projection tiled at the compiler tier) compose to 18.4 ms,
     which the 2026-12-05 bench runs reached in 2 of 5 (the others spent the 120 s budget before depth 2 and ended
     at 97-98 ms). A step that only the model ranked (a fuse the prune did not compile) joins when the model times it
-    faster than the state."""
+    faster than the state. Where a structural step (fuse) leads too, the best step followed by it is a second
+    composite: the fold may reach the depth limit before it (fused_14 at depth 2: its two calls' tiles compose to
+    0.752 ms [C], the matmul's tile then the fuse is 0.733 ms by hand)."""
     known = {n.digest for n in ranked}
     rest = sorted((c for c in children if c.digest not in known and _untried(c)), key=_model_s)
     made: list[Node] = []
     for state in beam:
         leaders = step_leaders(state, ranked + rest, _faster_than(f, state))
-        node = f.compose(leaders, config.depth) if len(leaders) > 1 else None
-        if node is not None and "model" not in node.results and all(node is not m for m in made):
-            made.append(node)
+        if len(leaders) < 2:
+            continue
+        tries = [leaders]
+        last = leaders[-1]
+        assert state.ir is not None and last.ir is not None
+        if len(last.ir.calls) != len(state.ir.calls) and len(leaders) > 2:
+            tries.append([leaders[0], last])  # the structural step, should the fold reach the depth limit first
+        for group in tries:
+            node = f.compose(group, config.depth)
+            if node is not None and "model" not in node.results and all(node is not m for m in made):
+                made.append(node)
     if not made or not f.budget_left():
         return ranked
     f.say("composed", {"recipes": [n.spec for n in made]})
