@@ -1,0 +1,497 @@
+"""Measure the bench's kernels on a real TPU: the naive kernel, pallasopt's best recipe and the XLA reference, plus
+the tile configurations of the fidelity sweep, so the model and compiler tiers can be checked against the chip.
+
+    # on the CPU machine: write every variant's source and a manifest (needs pallasopt and libcst)
+    python bench/hw_measure.py prepare --bench bench/results/v5e-....json --fidelity bench/results/fidelity-v5e-....json \
+        --out .hw/run
+    # on the TPU machine: time them (needs only jax + numpy and pallasopt's src/ on PYTHONPATH)
+    PYTHONPATH=$PYTHONPATH:src python bench/hw_measure.py time .hw/run --out $OUT/hw.jsonl [--group bench|fidelity]
+    # back on the CPU machine: tables and rank correlations
+    python bench/hw_measure.py report .hw/run hw.jsonl [...] --md bench/results/hw-....md --json bench/results/hw-....json
+
+Timing (tier [H]): each function is jitted, compiled and run once, then timed by the hardware tier's own
+`pallasopt.harness.timing.time_batched`: batches of back-to-back calls with one `block_until_ready` per batch (so
+Python dispatch overlaps the device's work), a batch >= 20 ms (at most 200 calls); the figure is the median over 7
+batches of the batch time / calls, the inputs rotated over two seeds. Correctness on the chip: each variant's outputs for two seeds are compared (the
+oracle's `compare`, the module's tolerance) with the reference run by XLA at `highest` matmul precision; the XLA
+reference at its default precision is compared the same way, so a kernel is never held to a stricter bar than XLA's
+own default-precision result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SEEDS = (11, 12)
+
+
+# ---------------------------------------------------------------------------------------------------- prepare (CPU)
+
+
+def _apply(source_path: Path, recipe: Sequence[str]) -> str:
+    from pallasopt.ir.kernel_ir import KernelIR
+    from pallasopt.passes.registry import parse_pipeline
+
+    ir = KernelIR.from_file(source_path)
+    for p in parse_pipeline(",".join(recipe)):
+        ir = p.apply(ir)
+    return ir.source
+
+
+def prepare(bench: Path | None, fidelity: Path | None, out: Path) -> int:
+    src_dir = out / "src"
+    src_dir.mkdir(parents=True, exist_ok=True)
+    entries: list[dict[str, Any]] = []
+
+    def add(entry: dict[str, Any], source: str) -> None:
+        f = src_dir / f"{entry['id']}.py"
+        f.write_text(source)
+        entries.append({**entry, "file": str(f.relative_to(out))})
+
+    if bench is not None:
+        data = json.loads(bench.read_text())
+        for row in data["rows"]:
+            path = ROOT / row["path"]
+            base = path.read_text()
+            k = row["kernel"]
+            common = {"group": "bench", "kernel": k, "kernel_path": row["path"]}
+            add({**common, "id": f"{k}__baseline", "variant": "baseline", "tiers": _tiers(row, "baseline")}, base)
+            if row.get("recipe"):
+                try:
+                    best = _apply(path, row["recipe"])
+                except Exception as e:
+                    print(f"{k}: recipe did not replay: {type(e).__name__}: {e}", file=sys.stderr)
+                    continue
+                tiers = _tiers(row, "best")
+                add({**common, "id": f"{k}__best", "variant": "best", "recipe": row["recipe"], "tiers": tiers}, best)
+    if fidelity is not None:
+        data = json.loads(fidelity.read_text())
+        from pallasopt.ir.kernel_ir import KernelIR
+        from pallasopt.passes.registry import parse_pipeline
+        from pallasopt.passes.tile import knobs_of
+
+        for i, row in enumerate(data["rows"]):
+            if row.get("error") or not (row.get("compiler") or {}).get("time_s"):
+                continue
+            spec = "tile{call=0," + ",".join(f"{k}={v}" for k, v in row["sizes"].items()) + "}"
+            try:
+                ir = KernelIR.from_file(ROOT / row["kernel"])
+                current = {k.name: k.value for k in knobs_of(ir) if k.call == 0}
+                if any(current.get(k) != v for k, v in row["sizes"].items()):
+                    ir = parse_pipeline(spec)[0].apply(ir)
+            except Exception as e:
+                print(f"{row['label']}: {type(e).__name__}: {e}", file=sys.stderr)
+                continue
+            tiers = {"compiler": row["compiler"]["time_s"], "model": row["model"]["time_s"]}
+            entry = {"group": "fidelity", "kernel": row["kernel"], "kernel_path": row["kernel"], "variant": spec}
+            add({**entry, "id": f"fid{i:03d}", "label": row["label"], "tiers": tiers}, ir.source)
+    manifest = {"bench": str(bench) if bench else None, "fidelity": str(fidelity) if fidelity else None}
+    (out / "manifest.json").write_text(json.dumps({**manifest, "entries": entries}, indent=1))
+    print(f"{len(entries)} variants in {out}")
+    return 0
+
+
+def _tiers(row: dict[str, Any], which: str) -> dict[str, Any]:
+    tier = row.get("tier")
+    t = row.get(f"{which}_s")
+    d: dict[str, Any] = {"model": row.get(f"model_{which}_s")}
+    if tier and t is not None:
+        d[tier] = t
+    xla = row.get("xla") or {}
+    if xla.get("time_s") is not None:
+        d["xla_" + str(xla.get("tier"))] = xla["time_s"]
+    return d
+
+
+# ---------------------------------------------------------------------------------------------------- time (TPU)
+
+
+def _check(out: Any, ref: Any, tol: Any) -> tuple[bool, str, float]:
+    from pallasopt.harness.timing import compare_outputs
+
+    why, err = compare_outputs(out, ref, tol)
+    return not why, why, err
+
+
+def time_one(entry: dict[str, Any], run_dir: Path, refs: dict[str, Any]) -> dict[str, Any]:
+    import jax
+
+    from pallasopt.harness.timing import time_batched as _batch_time
+    from pallasopt.workload import load_source
+
+    path = run_dir / entry["file"]
+    w = load_source(path.read_text(), str(ROOT / entry["kernel_path"]))
+    inputs = [tuple(w.make_inputs(jax.random.key(s))) for s in SEEDS]
+    rec: dict[str, Any] = {"id": entry["id"], "device": jax.devices()[0].device_kind}
+    key = entry["kernel_path"]
+    if key not in refs:  # the reference once per kernel: its exact outputs and its own time at default precision
+        ref_fn = jax.jit(w.reference)
+        with jax.default_matmul_precision("highest"):
+            exact = [jax.block_until_ready(jax.jit(w.reference)(*a)) for a in inputs]
+        t0 = time.perf_counter()
+        default = [jax.block_until_ready(ref_fn(*a)) for a in inputs]
+        compile_s = time.perf_counter() - t0
+        ok, why, err = True, "", 0.0
+        for d, e in zip(default, exact, strict=True):
+            ok2, why2, err2 = _check(d, e, w.tolerance)
+            ok, why, err = ok and ok2, why or why2, max(err, err2)
+        refs[key] = {
+            "exact": exact,
+            "xla": {**_batch_time(ref_fn, inputs), "ok": ok, "why": why, "max_rel": err, "first_s": compile_s},
+        }
+    fn = jax.jit(w.entry)
+    t0 = time.perf_counter()
+    outs = [jax.block_until_ready(fn(*a)) for a in inputs]
+    rec["first_s"] = time.perf_counter() - t0
+    ok, why, err = True, "", 0.0
+    for o, e in zip(outs, refs[key]["exact"], strict=True):
+        ok2, why2, err2 = _check(o, e, w.tolerance)
+        ok, why, err = ok and ok2, why or why2, max(err, err2)
+    rec.update(ok=ok, why=why, max_rel=err, xla=refs[key]["xla"], **_batch_time(fn, inputs))
+    return rec
+
+
+def time_all(run_dir: Path, out: Path, group: str | None, only: str | None) -> int:
+    import fnmatch
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    done = set()
+    if out.exists():
+        done = {json.loads(line)["id"] for line in out.read_text().splitlines() if line.strip()}
+    refs: dict[str, Any] = {}
+    todo = [
+        e
+        for e in manifest["entries"]
+        if e["id"] not in done
+        and (group is None or e["group"] == group)
+        and (only is None or any(fnmatch.fnmatch(e["kernel"], g) for g in only.split(",")))
+    ]
+    print(f"{len(todo)} to time ({len(done)} done)", flush=True)
+    last_kernel = None
+    for e in todo:
+        if e["kernel_path"] != last_kernel:
+            refs.clear()  # keep one kernel's reference outputs on the chip at a time
+            last_kernel = e["kernel_path"]
+        t0 = time.perf_counter()
+        try:
+            rec = time_one(e, run_dir, refs)
+        except Exception as ex:
+            rec = {"id": e["id"], "ok": False, "why": f"{type(ex).__name__}: {' '.join(str(ex).split())[:400]}"}
+        rec["wall_s"] = time.perf_counter() - t0
+        with out.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        t = rec.get("median_s")
+        x = (rec.get("xla") or {}).get("median_s")
+        print(
+            f"{e['id']}: {'ok' if rec.get('ok') else 'FAIL ' + rec.get('why', '')} "
+            f"{t * 1e3 if t else float('nan'):.3f} ms (xla {x * 1e3 if x else float('nan'):.3f}) "
+            f"{rec['wall_s']:.1f} s",
+            flush=True,
+        )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------- report (CPU)
+
+
+def _ranks(x: Sequence[float]) -> list[float]:
+    order = sorted(range(len(x)), key=lambda i: x[i])
+    r = [0.0] * len(x)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2
+        i = j + 1
+    return r
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    if len(a) < 3:
+        return math.nan
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    den = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+    return num / den if den else math.nan
+
+
+def _load(run_dir: Path, results: Sequence[Path]) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    entries = json.loads((run_dir / "manifest.json").read_text())["entries"]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for p in results:
+        for line in p.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                runs.setdefault(r["id"], []).append(r)
+    return entries, {k: _merge(v) for k, v in runs.items()}
+
+
+def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One record from a variant's runs (in several result files): the mean of their times, the spread kept."""
+    ok = [r for r in runs if r.get("ok") and r.get("median_s")]
+    if not ok:
+        return runs[-1]
+    t = [r["median_s"] for r in ok]
+    x = [r["xla"]["median_s"] for r in ok if (r.get("xla") or {}).get("median_s")]
+    rec = {**ok[-1], "median_s": statistics.fmean(t), "runs": len(ok), "spread": max(t) / min(t) - 1}
+    if x:
+        rec["xla"] = {**ok[-1]["xla"], "median_s": statistics.fmean(x), "spread": max(x) / min(x) - 1}
+    return rec
+
+
+def _ms(t: float | None) -> str:
+    return "-" if t is None else f"{t * 1e3:.3f}"
+
+
+def report(run_dir: Path, results: Sequence[Path], md: Path | None, out_json: Path | None) -> int:
+    entries, recs = _load(run_dir, results)
+    by_kernel: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        if e["group"] == "bench":
+            by_kernel.setdefault(e["kernel"], {})[e["variant"]] = (e, recs.get(e["id"]))
+    lines = [
+        "| kernel | on chip | naive [H] | best [H] | speedup [H] | XLA [H] | vs XLA [H] | speedup [C]/[M] | vs XLA [C] "
+        "| recipe |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    rows_out = []
+    pairs_c: list[tuple[float, float]] = []  # (the bench tier's speedup, hardware speedup)
+    pairs_x: list[tuple[float, float]] = []  # (vs XLA at the compiler tier, vs XLA on the chip)
+    vs_h: list[float] = []
+    for k in sorted(by_kernel):
+        v = by_kernel[k]
+        eb, rb = v.get("baseline", (None, None))
+        ee, re_ = v.get("best", (None, None))
+        if ee is None and not (eb or {}).get("recipe"):  # no recipe: the naive kernel is the best
+            ee, re_ = eb, rb
+        tb = rb.get("median_s") if rb and _usable(rb) else None
+        te = re_.get("median_s") if re_ and _usable(re_) else None
+        x = ((re_ or rb or {}).get("xla") or {}).get("median_s")
+        sp = tb / te if tb and te else None
+        vsx = x / te if x and te else None
+        tiers = (ee or eb or {}).get("tiers", {})
+        tb_tiers = (eb or {}).get("tiers", {})
+        tier = "compiler" if "compiler" in tiers else "model"
+        sp_c = tb_tiers.get(tier) / tiers.get(tier) if tb_tiers.get(tier) and tiers.get(tier) else None
+        xla_c = tiers.get("xla_compiler")
+        vsx_c = xla_c / tiers["compiler"] if xla_c and tiers.get("compiler") else None
+        if sp and sp_c:
+            pairs_c.append((sp_c, sp))
+        if vsx and vsx_c:
+            pairs_x.append((vsx_c, vsx))
+        if vsx:
+            vs_h.append(vsx)
+        status = _status(re_)
+        if re_ is not rb and rb and not rb.get("ok") and not _as_xla(rb) and status.startswith("FAIL"):
+            status += "; the naive kernel fails too: " + str(rb.get("why", ""))[:80]
+        recipe = ",".join((ee or {}).get("recipe", [])) or "(none)"
+        lines.append(
+            f"| `{k}` | {status} | {_ms(tb)} | {_ms(te)} | {_x(sp)} | {_ms(x)} | {_x(vsx)} | "
+            f"{_x(sp_c)} {'[C]' if tier == 'compiler' else '[M]'} | {_x(vsx_c)} | `{recipe}` |"
+        )
+        rows_out.append(
+            {
+                "kernel": k,
+                "baseline": rb,
+                "best": re_,
+                "speedup_h": sp,
+                "vs_xla_h": vsx,
+                "speedup_tier": sp_c,
+                "tier": tier,
+                "vs_xla_c": vsx_c,
+                "recipe": (ee or {}).get("recipe"),
+            }
+        )
+    summary = _bench_summary(rows_out, pairs_c, vs_h)
+    summary["spearman_vs_xla_c_vs_h"] = spearman([a for a, _ in pairs_x], [b for _, b in pairs_x])
+    summary["median_ratio_vs_xla_c_over_h"] = statistics.median(a / b for a, b in pairs_x) if pairs_x else None
+    summary["vs_xla_pairs"] = len(pairs_x)
+    spreads = [r.get("spread", 0.0) for r in recs.values() if r.get("runs", 1) > 1]
+    summary["repeated_variants"] = len(spreads)
+    summary["max_run_to_run_spread"] = max(spreads, default=None)
+    summary["median_run_to_run_spread"] = statistics.median(spreads) if spreads else None
+    fid = _fidelity(entries, recs)
+    text = _markdown(lines, summary, fid, entries, recs)
+    if md:
+        md.write_text(text)
+    if out_json:
+        out_json.write_text(json.dumps({"summary": summary, "fidelity": fid, "rows": rows_out}, indent=1, default=str))
+    print(text)
+    return 0
+
+
+def _as_xla(r: dict[str, Any]) -> bool:
+    """The variant misses the module's tolerance against the exact reference, but XLA's own result at its default
+    matmul precision misses it too, by as much or more (within 1.5x of its error): the chip's default-precision
+    matmul, not the kernel."""
+    x = r.get("xla") or {}
+    return not r.get("ok") and not x.get("ok", True) and r.get("max_rel", math.inf) <= 1.5 * x.get("max_rel", 0.0)
+
+
+def _usable(r: dict[str, Any]) -> bool:
+    return bool(r.get("median_s")) and (bool(r.get("ok")) or _as_xla(r))
+
+
+def _status(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "not timed"
+    if r.get("ok"):
+        return "yes"
+    if _as_xla(r):
+        return f"as XLA (max rel err {r['max_rel']:.1e}, XLA's {r['xla']['max_rel']:.1e})"
+    if not r.get("median_s"):
+        return "FAIL: " + str(r.get("why", ""))[:120].replace("|", "/")
+    return "FAIL: " + str(r.get("why", ""))[:120].replace("|", "/") + " (timed anyway)"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _geomean(v: Sequence[float]) -> float | None:
+    return math.exp(statistics.fmean(math.log(x) for x in v)) if v else None
+
+
+def _bench_summary(rows: list[dict[str, Any]], pairs: list[tuple[float, float]], vs_h: list[float]) -> dict[str, Any]:
+    timed = [r for r in rows if r["speedup_h"]]
+    return {
+        "kernels": len(rows),
+        "timed_both": len(timed),
+        "geomean_speedup_h": _geomean([r["speedup_h"] for r in timed]),
+        "geomean_vs_xla_h": _geomean(vs_h),
+        "faster_than_xla_h": sum(1 for v in vs_h if v > 1.0),
+        "slower_than_xla_h": sum(1 for v in vs_h if v < 1.0),
+        "slower_by_2pct_h": sum(1 for v in vs_h if v < 0.98),
+        "with_xla_h": len(vs_h),
+        "spearman_speedup_tier_vs_h": spearman([a for a, _ in pairs], [b for _, b in pairs]),
+        "median_ratio_speedup_tier_over_h": statistics.median(a / b for a, b in pairs) if pairs else None,
+        "failed": [r["kernel"] for r in rows if r["best"] and r["best"].get("median_s") and not _usable(r["best"])],
+        "not_timed": [r["kernel"] for r in rows if not (r["baseline"] or {}).get("median_s")],
+    }
+
+
+def _fidelity(entries: list[dict[str, Any]], recs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    rows = []
+    for e in entries:
+        r = recs.get(e["id"])
+        if e["group"] != "fidelity" or not r or not r.get("ok"):
+            continue
+        rows.append({"kernel": e["kernel"], "label": e["label"], "h": r["median_s"], **e["tiers"]})
+    out: dict[str, Any] = {"configs": len(rows), "rows": rows}
+    for tier in ("compiler", "model"):
+        pts = [(r[tier], r["h"]) for r in rows if r.get(tier)]
+        out[f"spearman_{tier}_pooled"] = spearman([a for a, _ in pts], [b for _, b in pts])
+        per = {}
+        top1 = 0
+        regret = []
+        kernels = sorted({r["kernel"] for r in rows})
+        for k in kernels:
+            kr = [r for r in rows if r["kernel"] == k and r.get(tier)]
+            if len(kr) < 3:
+                continue
+            per[k] = spearman([r[tier] for r in kr], [r["h"] for r in kr])
+            pick = min(kr, key=lambda r: r[tier])
+            best = min(kr, key=lambda r: r["h"])
+            top1 += pick is best
+            regret.append(pick["h"] / best["h"])
+        out[f"spearman_{tier}_within"] = per
+        out[f"top1_{tier}"] = f"{top1}/{len(regret)}"
+        out[f"regret_{tier}"] = regret
+        out[f"median_ratio_{tier}_over_h"] = statistics.median(a / b for a, b in pts) if pts else None
+    return out
+
+
+def _markdown(
+    lines: list[str], s: dict[str, Any], fid: dict[str, Any], entries: list[Any], recs: dict[str, Any]
+) -> str:
+    dev = next((r.get("device") for r in recs.values() if r.get("device")), "?")
+    head = [
+        f"# pallasopt bench measured on a chip ({dev})",
+        "",
+        "Tier [H]: median over 7 batches of back-to-back calls (each batch >= 20 ms or 200 calls) of jit-compiled "
+        "functions at the modules' default dims, inputs from two seeds; correctness: every output vs the reference "
+        "run by XLA at `highest` matmul precision, the module's tolerance. [C]/[M] columns are the bench run's own "
+        "figures (libtpu static estimate / roofline model), for comparison.",
+        "",
+        f"- kernels timed (naive and best): {s['timed_both']}/{s['kernels']}; wrong on the chip: "
+        f"{', '.join(s['failed']) or 'none'}; not timed (the chip time ran out): {len(s['not_timed'])}",
+        f"- geomean speedup over the naive kernel [H]: {_x(s['geomean_speedup_h'])}",
+        f"- vs the XLA reference [H] ({s['with_xla_h']} kernels): geomean {_x(s['geomean_vs_xla_h'])}; faster on "
+        f"{s['faster_than_xla_h']}, slower on {s['slower_than_xla_h']} ({s['slower_by_2pct_h']} by more than 2%)",
+        f"- the bench tier's speedup over the naive kernel vs the measured one: Spearman "
+        f"{s['spearman_speedup_tier_vs_h']:.2f}, median ratio tier / chip {s['median_ratio_speedup_tier_over_h'] or math.nan:.2f}",
+        f"- vs XLA at the compiler tier [C] vs on the chip [H] ({s['vs_xla_pairs']} kernels with both): Spearman "
+        f"{s['spearman_vs_xla_c_vs_h']:.2f}, median ratio [C] / [H] {s['median_ratio_vs_xla_c_over_h'] or math.nan:.2f}",
+        f"- run-to-run: {s['repeated_variants']} variants timed in two runs; spread (slower / faster - 1) median "
+        f"{(s['median_run_to_run_spread'] or 0) * 100:.1f}%, largest {(s['max_run_to_run_spread'] or 0) * 100:.1f}%",
+        "",
+    ]
+    fl = []
+    if fid["configs"]:
+        fl = [
+            "## Tile sweep: model [M] and compiler [C] vs the chip [H]",
+            "",
+            f"{fid['configs']} configurations timed. Spearman pooled: compiler {fid['spearman_compiler_pooled']:.2f}, "
+            f"model {fid['spearman_model_pooled']:.2f}. Picked the chip's fastest configuration of a kernel: compiler "
+            f"{fid['top1_compiler']}, model {fid['top1_model']}; regret (chip time of the pick / chip's best) "
+            f"compiler {_fmt_list(fid['regret_compiler'])}, model {_fmt_list(fid['regret_model'])}. Median tier / chip "
+            f"time: compiler {fid['median_ratio_compiler_over_h'] or math.nan:.2f}, "
+            f"model {fid['median_ratio_model_over_h'] or math.nan:.2f}.",
+            "",
+            "| kernel | Spearman [C] vs [H] | Spearman [M] vs [H] |",
+            "| --- | --- | --- |",
+        ]
+        for k in sorted(fid["spearman_compiler_within"]):
+            fl.append(
+                f"| `{k}` | {fid['spearman_compiler_within'][k]:.2f} | "
+                f"{fid['spearman_model_within'].get(k, math.nan):.2f} |"
+            )
+        fl += ["", "| configuration | [H] ms | [C] ms | [M] ms |", "| --- | --- | --- | --- |"]
+        for r in fid["rows"]:
+            fl.append(f"| `{r['label']}` | {_ms(r['h'])} | {_ms(r.get('compiler'))} | {_ms(r.get('model'))} |")
+    return "\n".join([*head, "## Bench kernels", "", *lines, "", *fl]) + "\n"
+
+
+def _fmt_list(v: Sequence[float]) -> str:
+    return ", ".join(f"{x:.2f}" for x in v) or "-"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--bench", type=Path)
+    p.add_argument("--fidelity", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    t = sub.add_parser("time")
+    t.add_argument("run_dir", type=Path)
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--group", choices=("bench", "fidelity"))
+    t.add_argument("--only", help="comma-separated globs on kernel names")
+    r = sub.add_parser("report")
+    r.add_argument("run_dir", type=Path)
+    r.add_argument("results", type=Path, nargs="+")
+    r.add_argument("--md", type=Path)
+    r.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    if a.cmd == "prepare":
+        return prepare(a.bench, a.fidelity, a.out)
+    if a.cmd == "time":
+        return time_all(a.run_dir, a.out, a.group, a.only)
+    return report(a.run_dir, a.results, a.md, a.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

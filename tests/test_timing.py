@@ -1,0 +1,117 @@
+"""The hardware tier's timing and on-chip comparison (run here on the CPU, where they must refuse to time a kernel),
+and the report of bench/hw_measure.py (the bench measured on a chip)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallasopt.harness import timing
+from pallasopt.workload import load_source
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _hw_measure() -> Any:
+    spec = importlib.util.spec_from_file_location("hw_measure", ROOT / "bench" / "hw_measure.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["hw_measure"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_time_batched_batches_short_calls_and_not_long_ones() -> None:
+    short = jax.jit(lambda x: x + 1.0)
+    args = [(jnp.ones((8, 128)),), (jnp.zeros((8, 128)),)]
+    r = timing.time_batched(short, args, batches=3)
+    assert r["calls"] > 1 and r["batches"] == 3
+    assert 0 < r["min_s"] <= r["median_s"] < timing.MIN_BATCH_S
+
+    def slow(x: Any) -> Any:
+        time.sleep(timing.MIN_BATCH_S * 1.5)
+        return x
+
+    r = timing.time_batched(slow, args, batches=3)
+    assert r["calls"] == 1 and r["median_s"] >= timing.MIN_BATCH_S
+
+
+def test_compare_outputs_uses_the_oracles_tolerance_and_never_passes_nan() -> None:
+    ref = np.linspace(-1, 1, 4096, dtype=np.float32).reshape(32, 128)
+    assert timing.compare_outputs(ref.copy(), ref, None)[0] == ""
+    off = ref + 0.05
+    why, err = timing.compare_outputs(off, ref, None)
+    assert "outside" in why and err == pytest.approx(0.05, rel=1e-3)
+    assert "systematic" in timing.compare_outputs(off, ref, {"rtol": 0.1, "atol": 0.1})[0]
+    noisy = ref * (1 + 0.01 * np.random.default_rng(0).standard_normal(ref.shape)).astype(np.float32)
+    assert timing.compare_outputs(noisy, ref, {"rtol": 0.1, "atol": 0.1})[0] == ""
+    nan = ref.copy()
+    nan[3, 5] = np.nan
+    assert "NaN" in timing.compare_outputs(nan, ref, {"rtol": 1.0, "atol": 1.0})[0]
+    assert timing.compare_outputs((ref, off), (ref, ref), None)[0].startswith("output 1")
+
+
+def test_run_timing_refuses_the_cpu() -> None:
+    w = load_source((ROOT / "examples" / "matmul.py").read_text(), str(ROOT / "examples" / "matmul.py"))
+    r = timing.run_timing(w, 3)
+    assert not r["ok"] and "no accelerator" in r["message"]
+
+
+def _record(i: str, t: float, x: float, ok: bool = True, err: float = 0.0, x_ok: bool = True, x_err: float = 0.0):
+    return {"id": i, "ok": ok, "max_rel": err, "median_s": t, "why": "" if ok else "output 0: outside",
+            "device": "TPU v5 lite", "xla": {"median_s": x, "ok": x_ok, "max_rel": x_err}}  # fmt: skip
+
+
+def test_hw_report_counts_against_xla_merges_runs_and_holds_kernels_to_xlas_precision(tmp_path: Path) -> None:
+    hw = _hw_measure()
+    entries = []
+    for k, recipe in (("a", ["tile{call=0}"]), ("b", ["tile{call=0}"]), ("c", ["tile{call=0}"]), ("d", [])):
+        tiers = {"compiler": 1.0, "model": 1.0, "xla_compiler": 1.0}
+        base = {"group": "bench", "kernel": k, "kernel_path": f"{k}.py", "tiers": {**tiers, "compiler": 4.0}}
+        entries.append({**base, "id": f"{k}__baseline", "variant": "baseline", "file": "x"})
+        if recipe:
+            entries.append({**base, "id": f"{k}__best", "variant": "best", "recipe": recipe, "tiers": tiers})
+    (tmp_path / "manifest.json").write_text(json.dumps({"entries": entries}))
+    run1 = [
+        _record("a__baseline", 4e-3, 1e-3),
+        _record("a__best", 0.9e-3, 1e-3),  # faster than XLA
+        _record("b__baseline", 4e-3, 1e-3, ok=False, err=2e-3, x_ok=False, x_err=2e-3),
+        _record("b__best", 1.2e-3, 1e-3, ok=False, err=2e-3, x_ok=False, x_err=2e-3),  # as XLA, slower
+        _record("c__baseline", 4e-3, 1e-3),
+        _record("c__best", 0.5e-3, 1e-3, ok=False, err=5e-2, x_ok=True),  # wrong on the chip: not counted
+        _record("d__baseline", 2e-3, 1e-3),  # no recipe: the naive kernel is the best, slower than XLA
+    ]
+    run2 = [_record("a__best", 1.1e-3, 1e-3)]
+    f1, f2 = tmp_path / "r1.jsonl", tmp_path / "r2.jsonl"
+    f1.write_text("\n".join(json.dumps(r) for r in run1))
+    f2.write_text(json.dumps(run2[0]))
+    out = tmp_path / "out.json"
+    assert hw.report(tmp_path, [f1, f2], tmp_path / "out.md", out) == 0
+    data = json.loads(out.read_text())
+    s = data["summary"]
+    rows = {r["kernel"]: r for r in data["rows"]}
+    assert rows["a"]["best"]["runs"] == 2 and rows["a"]["best"]["median_s"] == pytest.approx(1e-3)
+    assert s["max_run_to_run_spread"] == pytest.approx(1.1 / 0.9 - 1)
+    assert rows["a"]["vs_xla_h"] == pytest.approx(1.0) and rows["b"]["vs_xla_h"] == pytest.approx(1 / 1.2)
+    assert rows["c"]["vs_xla_h"] is None and s["failed"] == ["c"]
+    assert rows["d"]["speedup_h"] == pytest.approx(1.0) and rows["d"]["vs_xla_h"] == pytest.approx(0.5)
+    assert (s["faster_than_xla_h"], s["slower_than_xla_h"], s["slower_by_2pct_h"]) == (0, 2, 2)
+    md = (tmp_path / "out.md").read_text()
+    assert "as XLA (max rel err 2.0e-03" in md and "| `c` | FAIL" in md
+
+
+def test_spearman_of_hw_measure() -> None:
+    hw = _hw_measure()
+    assert hw.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert hw.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert math.isnan(hw.spearman([1, 2], [1, 2]))
