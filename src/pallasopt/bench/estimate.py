@@ -15,7 +15,9 @@ from ..cost_model.hardware import Chip
 from ..ir.kernel_ir import KernelIR
 from .rows import Estimate
 
-ESTIMATE_VERSION = 3  # bump when the estimate method changes: it keys the estimate cache (3: the MXU floor)
+# Bump when the estimate method changes: it keys the estimate cache (3: the MXU floor; 4: the HBM floor from the
+# compiled program's HBM traffic, not XLA's bytes accessed).
+ESTIMATE_VERSION = 4
 
 
 class Estimator(Protocol):
@@ -44,14 +46,29 @@ def loop_trips(jaxpr: Any) -> tuple[int, bool]:
 
 
 def reference_floor(chip: Chip, flops: float, nbytes: float, dtypes: tuple[Any, ...] = ()) -> tuple[float, str]:
-    """The least time XLA's reference can take on `chip` (seconds) and what bounds it: its bytes accessed over HBM
+    """The least time XLA's reference can take on `chip` (seconds) and what bounds it: `nbytes`, its HBM traffic (the
+    compiled program's, `hlo_traffic.hbm_traffic_bytes`, at least its inputs and outputs: `io_bytes`), over HBM
     bandwidth, or its FLOPs (XLA's cost analysis: 2 per multiply-add, elementwise ones too) at the chip's fastest
     matmul rate for its inputs' dtypes (bf16's, or the 8-bit rate where an input is 8-bit). libtpu's static profile
     of an XLA convolution can come out under both (fused_21_causal_conv1d_silu, v5e: the profile said 0.215 ms, the
-    HBM floor, for 137 GFLOP that take >= 0.70 ms at 197 TFLOP/s), so neither the profile nor the HBM floor alone."""
+    HBM floor, for 137 GFLOP that take >= 0.70 ms at 197 TFLOP/s), so neither the profile nor the HBM floor alone.
+
+    Not XLA's "bytes accessed": it sums every HLO op's operands and results, fused intermediates too, and on a v5e
+    (bench/results/hw-v5e-2026-12-05) XLA ran faster than that floor: fused_26_l2_normalize 0.167 ms measured against
+    0.287 ms, fused_05 1.057 against 1.250, fused_08 0.223 against 0.248; the bench then reported those kernels
+    2.30x / 1.94x / 1.36x faster than XLA, the chip 0.95x / 1.38x / 0.75x."""
     peak = max([chip.device_peak_bf16_flops, *(chip.device_peak_flops(d) for d in dtypes)])
     hbm, mxu = nbytes / chip.device_hbm_bw_bytes_s, flops / peak
-    return (mxu, "MXU floor from XLA's FLOPs") if mxu > hbm else (hbm, "HBM floor from XLA's bytes accessed")
+    return (mxu, "MXU floor from XLA's FLOPs") if mxu > hbm else (hbm, "HBM floor from its compiled program's traffic")
+
+
+def io_bytes(fn: Any, structs: tuple[Any, ...]) -> int:
+    """Bytes of `fn`'s array arguments and results (shape/dtype structs; nothing is allocated or run)."""
+    import jax
+    import numpy as np
+
+    leaves = [*jax.tree.leaves(structs), *jax.tree.leaves(jax.eval_shape(fn, *structs))]
+    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in leaves if hasattr(a, "dtype"))
 
 
 def xla_work(rep: Any) -> tuple[float, float]:
@@ -81,8 +98,9 @@ class CompilerEstimator:
     Reference: compiled at the default dims when XLA's cost analysis predicts <= `direct_limit_s` of work (libtpu's
     profile of a bigger XLA op takes minutes), else at smaller dims from the kernel's `reduce_dims_for_compile`
     (about that much work) scaled by the reference's FLOP ratio default/reduced. Time = max(static estimate,
-    `reference_floor`: XLA's bytes accessed / HBM bandwidth or its FLOPs / matmul peak), all times the trip count of a `scan` in the reference (the profile counts a
-    loop body once). Hand-tuned: the kernel's own compiler tier, run on `hand_tuned` as the entry.
+    `reference_floor`: its compiled program's HBM traffic / HBM bandwidth or its FLOPs / matmul peak); the static estimate
+    and the FLOPs times the trip count of a `scan` in the reference (the profile and the cost analysis count a loop
+    body once). Hand-tuned: the kernel's own compiler tier, run on `hand_tuned` as the entry.
     """
 
     def __init__(
@@ -161,16 +179,22 @@ class CompilerEstimator:
 
         probe = compile_at("reference", dims, False)  # XLA's cost analysis of the same work at the default dims
         flops, nbytes = xla_work(probe)
-        dtypes = tuple(getattr(a, "dtype", None) for a in jax.tree.leaves(arg_structs(ir.workload)))
+        structs = arg_structs(ir.workload)
+        dtypes = tuple(getattr(a, "dtype", None) for a in jax.tree.leaves(structs))
         dtypes = tuple(d for d in dtypes if d is not None)
-        least, least_note = reference_floor(chip, flops, nbytes, dtypes)
-        predicted = least if probe.ok else math.inf
+        io = io_bytes(getattr(ir.workload.module, fn), structs) if fn == "reference" else 0
+        traffic = max(io, probe.hbm_bytes or 0)
+        # How much work XLA's cost analysis sees decides how big a compile is affordable; the floor below is the
+        # reference's FLOPs (the analysis counts a loop body once: times the trips) or the HBM traffic of its compiled
+        # program at the default dims (never under its own inputs and outputs).
+        predicted = reference_floor(chip, flops, nbytes, dtypes)[0] if probe.ok else math.inf
+        least, least_note = reference_floor(chip, flops * trips, traffic, dtypes)
         floor_note = least_note if fn == "reference" else "no floor (Pallas call)"
         if predicted <= self.direct_limit_s:
             rep = compile_at(fn, dims, True)
             if rep.ok and rep.estimated_s is not None:
                 static = rep.estimated_s * trips
-                floor = least * trips if fn == "reference" else 0.0
+                floor = least if fn == "reference" else 0.0
                 bound = "static schedule" if static >= floor else floor_note
                 return Estimate(fn, max(static, floor), method="; ".join(["at the default dims", bound, *notes]))
             notes.append(f"default dims failed ({rep.error_kind or rep.note})")
@@ -191,8 +215,8 @@ class CompilerEstimator:
         else:
             scale, how = kscale, "the kernel's grid-step ratio"
         static = rep.estimated_s * scale * trips
-        full = reference_floor(chip, flops or rflops * scale, nbytes or rbytes * scale, dtypes)
-        floor = full[0] * trips if fn == "reference" else 0.0
+        full = reference_floor(chip, (flops or rflops * scale) * trips, traffic, dtypes)
+        floor = full[0] if fn == "reference" else 0.0
         bound = "static schedule" if static >= floor else (full[1] if fn == "reference" else floor_note)
         method = f"at reduced dims {rdims} x {scale:.4g} ({how})" if rdims != dims else "at the default dims"
         method += f"; {bound}"

@@ -22,6 +22,8 @@ import time
 import traceback
 from typing import Any
 
+from .hlo_traffic import hbm_traffic_bytes
+
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*\S+.*?\s([\w\-]+)\(")
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
 _SCOPED = re.compile(r'"used_scoped_memory_configs":\[([^\]]*)\]')
@@ -164,11 +166,14 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 cost[str(k)] = float(v)
     except Exception:
         pass
+    hbm: int | None = None
     try:
-        ops = hlo_ops(compiled.as_text())
+        text = compiled.as_text()
+        ops = hlo_ops(text)
+        hbm = hbm_traffic_bytes(text)
     except Exception:
         ops = []
-    return {"ok": True, "ops": ops, "cost_analysis": cost, "compile_s": compile_s}
+    return {"ok": True, "ops": ops, "cost_analysis": cost, "hbm_bytes": hbm, "compile_s": compile_s}
 
 
 def main() -> None:

@@ -84,6 +84,7 @@ class CompileReport:
     xla_cycles: int | None = None
     cost_analysis: tuple[tuple[str, float], ...] = ()
     note: str | None = None  # e.g. why an ok compile has no cycle estimate
+    hbm_bytes: int | None = None  # `hlo_traffic.hbm_traffic_bytes` of the compiled program (None: not read)
 
 
 def libtpu_available() -> bool:
@@ -419,6 +420,7 @@ def _success(
         kernel_cycles=kernel_cycles if profile else None,
         xla_cycles=xla_cycles if profile else None,
         cost_analysis=cost,
+        hbm_bytes=None if reply.get("hbm_bytes") is None else int(reply["hbm_bytes"]),
     )
 
 
