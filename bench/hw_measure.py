@@ -5,7 +5,8 @@ the tile configurations of the fidelity sweep, so the model and compiler tiers c
     python bench/hw_measure.py prepare --bench bench/results/v5e-....json --fidelity bench/results/fidelity-v5e-....json \
         --out .hw/run
     # on the TPU machine: time them (needs only jax + numpy and pallasopt's src/ on PYTHONPATH)
-    PYTHONPATH=$PYTHONPATH:src python bench/hw_measure.py time .hw/run --out $OUT/hw.jsonl [--group bench|fidelity]
+    PYTHONPATH=$PYTHONPATH:src python bench/hw_measure.py time .hw/run --out $OUT/hw.jsonl [--group bench|fidelity] \
+        [--only 'llm_*'] [--done .hw/earlier.jsonl]   # --done: skip what an earlier call timed (carry the file in)
     # back on the CPU machine: tables and rank correlations
     python bench/hw_measure.py report .hw/run hw.jsonl [...] --md bench/results/hw-....md --json bench/results/hw-....json
 
@@ -160,13 +161,14 @@ def time_one(entry: dict[str, Any], run_dir: Path, refs: dict[str, Any]) -> dict
     return rec
 
 
-def time_all(run_dir: Path, out: Path, group: str | None, only: str | None) -> int:
+def time_all(run_dir: Path, out: Path, group: str | None, only: str | None, done_in: Sequence[Path] = ()) -> int:
     import fnmatch
 
     manifest = json.loads((run_dir / "manifest.json").read_text())
     done = set()
-    if out.exists():
-        done = {json.loads(line)["id"] for line in out.read_text().splitlines() if line.strip()}
+    for f in (out, *done_in):  # variants an earlier run timed (a chip's $OUT starts empty: carry its files in)
+        if f.exists():
+            done |= {json.loads(line)["id"] for line in f.read_text().splitlines() if line.strip()}
     refs: dict[str, Any] = {}
     todo = [
         e
@@ -175,7 +177,7 @@ def time_all(run_dir: Path, out: Path, group: str | None, only: str | None) -> i
         and (group is None or e["group"] == group)
         and (only is None or any(fnmatch.fnmatch(e["kernel"], g) for g in only.split(",")))
     ]
-    print(f"{len(todo)} to time ({len(done)} done)", flush=True)
+    print(f"{len(todo)} to time ({len(done)} done): {', '.join(sorted({e['kernel'] for e in todo}))}", flush=True)
     last_kernel = None
     for e in todo:
         if e["kernel_path"] != last_kernel:
@@ -480,6 +482,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--group", choices=("bench", "fidelity"))
     t.add_argument("--only", help="comma-separated globs on kernel names")
+    t.add_argument(
+        "--done", type=Path, nargs="*", default=[], help="result files of earlier runs: skip what they timed"
+    )
     r = sub.add_parser("report")
     r.add_argument("run_dir", type=Path)
     r.add_argument("results", type=Path, nargs="+")
@@ -489,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.cmd == "prepare":
         return prepare(a.bench, a.fidelity, a.out)
     if a.cmd == "time":
-        return time_all(a.run_dir, a.out, a.group, a.only)
+        return time_all(a.run_dir, a.out, a.group, a.only, a.done)
     return report(a.run_dir, a.results, a.md, a.json)
 
 

@@ -115,3 +115,15 @@ def test_spearman_of_hw_measure() -> None:
     assert hw.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert hw.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert math.isnan(hw.spearman([1, 2], [1, 2]))
+
+
+def test_hw_time_skips_what_earlier_runs_timed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hw = _hw_measure()
+    entries = [{"id": i, "group": "bench", "kernel": i, "kernel_path": "x.py", "file": "x"} for i in ("a", "b", "c")]
+    (tmp_path / "manifest.json").write_text(json.dumps({"entries": entries}))
+    out, earlier = tmp_path / "out.jsonl", tmp_path / "earlier.jsonl"
+    out.write_text(json.dumps({"id": "a"}) + "\n")
+    earlier.write_text(json.dumps({"id": "b"}) + "\n")
+    assert hw.time_all(tmp_path, out, None, "a,b", [earlier]) == 0
+    assert capsys.readouterr().out.startswith("0 to time (2 done)")
+    assert out.read_text().count("\n") == 1
