@@ -32,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from fidelity import spearman  # noqa: E402  (bench/fidelity.py: Spearman with average ranks for ties)
+
 SEEDS = (11, 12)
 
 
@@ -116,11 +119,13 @@ def _tiers(row: dict[str, Any], which: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------- time (TPU)
 
 
-def _check(out: Any, ref: Any, tol: Any) -> tuple[bool, str, float]:
+def _check_all(outs: Sequence[Any], refs: Sequence[Any], tol: Any) -> tuple[bool, str, float]:
+    """(all within tolerance, the first reason one is not, the largest relative error) over the seeds' outputs."""
     from pallasopt.harness.timing import compare_outputs
 
-    why, err = compare_outputs(out, ref, tol)
-    return not why, why, err
+    results = [compare_outputs(o, r, tol) for o, r in zip(outs, refs, strict=True)]
+    why = next((w for w, _ in results if w), "")
+    return not why, why, max(err for _, err in results)
 
 
 def time_one(entry: dict[str, Any], run_dir: Path, refs: dict[str, Any]) -> dict[str, Any]:
@@ -136,15 +141,12 @@ def time_one(entry: dict[str, Any], run_dir: Path, refs: dict[str, Any]) -> dict
     key = entry["kernel_path"]
     if key not in refs:  # the reference once per kernel: its exact outputs and its own time at default precision
         ref_fn = jax.jit(w.reference)
-        with jax.default_matmul_precision("highest"):
-            exact = [jax.block_until_ready(jax.jit(w.reference)(*a)) for a in inputs]
+        with jax.default_matmul_precision("highest"):  # traced again under this precision: a separate compile
+            exact = [jax.block_until_ready(ref_fn(*a)) for a in inputs]
         t0 = time.perf_counter()
         default = [jax.block_until_ready(ref_fn(*a)) for a in inputs]
         compile_s = time.perf_counter() - t0
-        ok, why, err = True, "", 0.0
-        for d, e in zip(default, exact, strict=True):
-            ok2, why2, err2 = _check(d, e, w.tolerance)
-            ok, why, err = ok and ok2, why or why2, max(err, err2)
+        ok, why, err = _check_all(default, exact, w.tolerance)
         refs[key] = {
             "exact": exact,
             "xla": {**_batch_time(ref_fn, inputs), "ok": ok, "why": why, "max_rel": err, "first_s": compile_s},
@@ -153,10 +155,7 @@ def time_one(entry: dict[str, Any], run_dir: Path, refs: dict[str, Any]) -> dict
     t0 = time.perf_counter()
     outs = [jax.block_until_ready(fn(*a)) for a in inputs]
     rec["first_s"] = time.perf_counter() - t0
-    ok, why, err = True, "", 0.0
-    for o, e in zip(outs, refs[key]["exact"], strict=True):
-        ok2, why2, err2 = _check(o, e, w.tolerance)
-        ok, why, err = ok and ok2, why or why2, max(err, err2)
+    ok, why, err = _check_all(outs, refs[key]["exact"], w.tolerance)
     rec.update(ok=ok, why=why, max_rel=err, xla=refs[key]["xla"], **_batch_time(fn, inputs))
     return rec
 
@@ -203,30 +202,6 @@ def time_all(run_dir: Path, out: Path, group: str | None, only: str | None, done
 
 
 # ---------------------------------------------------------------------------------------------------- report (CPU)
-
-
-def _ranks(x: Sequence[float]) -> list[float]:
-    order = sorted(range(len(x)), key=lambda i: x[i])
-    r = [0.0] * len(x)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            r[order[k]] = (i + j) / 2
-        i = j + 1
-    return r
-
-
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    if len(a) < 3:
-        return math.nan
-    ra, rb = _ranks(a), _ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
-    den = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-    return num / den if den else math.nan
 
 
 def _load(run_dir: Path, results: Sequence[Path]) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:

@@ -62,13 +62,13 @@ def reference_floor(chip: Chip, flops: float, nbytes: float, dtypes: tuple[Any, 
     return (mxu, "MXU floor from XLA's FLOPs") if mxu > hbm else (hbm, "HBM floor from its compiled program's traffic")
 
 
-def io_bytes(fn: Any, structs: tuple[Any, ...]) -> int:
-    """Bytes of `fn`'s array arguments and results (shape/dtype structs; nothing is allocated or run)."""
-    import jax
+def io_bytes(closed_jaxpr: Any) -> int:
+    """Bytes of a traced function's array arguments and results (`jax.make_jaxpr(fn)(*structs)`: its avals; nothing
+    is allocated or run)."""
     import numpy as np
 
-    leaves = [*jax.tree.leaves(structs), *jax.tree.leaves(jax.eval_shape(fn, *structs))]
-    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in leaves if hasattr(a, "dtype"))
+    avals = [*closed_jaxpr.in_avals, *closed_jaxpr.out_avals]
+    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in avals if hasattr(a, "dtype"))
 
 
 def xla_work(rep: Any) -> tuple[float, float]:
@@ -168,7 +168,9 @@ class CompilerEstimator:
 
         assert ir.workload is not None
         chip, dims = self.chip, dict(ir.dims)
-        trips, unknown = loop_trips(jax.make_jaxpr(getattr(ir.workload.module, fn))(*arg_structs(ir.workload)).jaxpr)
+        structs = arg_structs(ir.workload)
+        traced = jax.make_jaxpr(getattr(ir.workload.module, fn))(*structs)
+        trips, unknown = loop_trips(traced.jaxpr)
         notes = [f"scan body x {trips} trips (assumes the body dominates)"] if trips > 1 else []
         notes += ["a while loop of unknown trip count is counted once"] if unknown else []
 
@@ -179,10 +181,9 @@ class CompilerEstimator:
 
         probe = compile_at("reference", dims, False)  # XLA's cost analysis of the same work at the default dims
         flops, nbytes = xla_work(probe)
-        structs = arg_structs(ir.workload)
         dtypes = tuple(getattr(a, "dtype", None) for a in jax.tree.leaves(structs))
         dtypes = tuple(d for d in dtypes if d is not None)
-        io = io_bytes(getattr(ir.workload.module, fn), structs) if fn == "reference" else 0
+        io = io_bytes(traced) if fn == "reference" else 0
         traffic = max(io, probe.hbm_bytes or 0)
         # How much work XLA's cost analysis sees decides how big a compile is affordable; the floor below is the
         # reference's FLOPs (the analysis counts a loop body once: times the trips) or the HBM traffic of its compiled

@@ -21,7 +21,7 @@ _ARRAY = re.compile(
     r"(pred|s4|u4|s8|u8|s16|u16|s32|u32|s64|u64|f16|bf16|f32|f64|c64|c128|f8\w*)\[([\d,]*)\](\{[^}]*\})?"
 )
 _OPERAND = re.compile(r"%([\w.\-]+)")
-_BITS = {"pred": 8, "s4": 4, "u4": 4, "c64": 64, "c128": 128}
+_BITS = {"pred": 8}  # otherwise the digits of the name (s4 -> 4, bf16 -> 16, c64 -> 64), f8 types 8
 # No data moves: bookkeeping, aliases and the second half of an asynchronous copy (its start moved the bytes).
 _FREE = {
     "parameter", "constant", "tuple", "get-tuple-element", "bitcast", "copy-done", "after-all", "partition-id",
@@ -32,7 +32,7 @@ _FREE = {
 def _bits(dtype: str) -> int:
     if dtype in _BITS:
         return _BITS[dtype]
-    return int(re.sub(r"\D", "", dtype.split("e")[0]) or 8) if dtype.startswith("f8") else int(re.sub(r"\D", "", dtype))
+    return 8 if dtype.startswith("f8") else int(re.sub(r"\D", "", dtype))
 
 
 def _hbm_bytes(type_text: str) -> int:
