@@ -1,14 +1,17 @@
 """How much of the HBM bandwidth a v5e delivers, fitted on the bench kernels measured there (bench/hw_measure.py).
 
     python bench/hw_bandwidth_fit.py .hw/run bench/results/hw-v5e-2026-12-05/report.json \
-        --out bench/results/hw-v5e-2026-12-05/hbm-efficiency.json
+        --out bench/results/hw-v5e-2026-12-05/hbm-efficiency.json [--points-from EARLIER.json]
 
 `.hw/run` is `hw_measure.py prepare`'s folder (the variants' sources). For each naive and best variant timed on the
-chip, the compiler tier (`Tiers(chip).compiler`, deviceless) gives its static schedule S and its HBM floor F (bytes at
-the datasheet bandwidth); the model is chip time ~= max(S, F / eff). The split is fixed before fitting: kernels sorted
-by name, even positions train, odd positions validation; eff is the grid value (0.40-1.00) with the least median
+chip, the compiler tier (`Tiers(chip).compiler`, deviceless) gives its static part S (libtpu's schedule less the
+fitted per-step excess, `search/tiers.py: corrected_static`) and its HBM floor F (bytes at the datasheet bandwidth);
+the tier's model is chip time ~= max(S, F / eff). The split is fixed before fitting: kernels sorted by name, even
+positions train, odd positions validation; eff is the grid value (0.40-1.00) with the least median
 |log(predicted / chip)| on the training kernels, and the report gives that error on the validation kernels for the
-fitted eff and for eff = 1 (the tier as it is).
+fitted eff and for eff = 1. The roofline model (whose DMA time divides by the same delivered bandwidth) is scored on
+the same split at eff = 1 and at the fitted eff (`model`). `--points-from` reuses an earlier run's compiler points.
+The fitted value is `Chip.hbm_efficiency` (cost_model/hardware.py); run this with the tier as it is, any eff there.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ Point = tuple[str, str, float, float, float]  # kernel, variant, static s, floor
 def compiler_data(run_dir: Path, report: dict[str, Any], target: str) -> dict[str, dict[str, Any]]:
     from pallasopt.cost_model.hardware import get_chip
     from pallasopt.ir.kernel_ir import KernelIR
-    from pallasopt.search.tiers import Tiers
+    from pallasopt.search.tiers import Tiers, corrected_static
 
     tiers = Tiers(get_chip(target))
     timed = {r["kernel"] for r in report["rows"] if (r["baseline"] or {}).get("median_s")}
@@ -40,10 +43,70 @@ def compiler_data(run_dir: Path, report: dict[str, Any], target: str) -> dict[st
         ir = KernelIR.from_source((run_dir / e["file"]).read_text(), e["kernel_path"])
         r = tiers.compiler(ir)
         data = dict(r.data) if r is not None else {}
-        return e["id"], {"static": data.get("static_raw_s"), "floor": data.get("hbm_floor_s")}
+        # The tier's own static part (libtpu's estimate less the fitted per-step excess) and its HBM floor at the
+        # datasheet bandwidth (the tier's floor times the efficiency it already applied).
+        raw, steps, floor = data.get("static_raw_s"), data.get("grid_steps"), data.get("hbm_floor_s")
+        static = corrected_static(raw, int(steps), tiers.chip) if raw and steps else None
+        return e["id"], {"static": static, "floor": floor * tiers.chip.hbm_efficiency if floor else None}
 
     with ThreadPoolExecutor(2) as ex:
         return dict(ex.map(one, todo))
+
+
+def model_data(
+    run_dir: Path, report: dict[str, Any], target: str, effs: Sequence[float]
+) -> dict[str, dict[float, float]]:
+    """The roofline model's time of every naive and best variant timed on the chip, per HBM efficiency in `effs`
+    (the model's DMA time divides bytes by the delivered bandwidth, so each eff is one more estimate)."""
+    from dataclasses import replace
+
+    from pallasopt.cost_model.hardware import get_chip
+    from pallasopt.ir.kernel_ir import KernelIR
+    from pallasopt.search.tiers import model_tier
+
+    chip = get_chip(target)
+    timed = {r["kernel"] for r in report["rows"] if (r["baseline"] or {}).get("median_s")}
+    entries = json.loads((run_dir / "manifest.json").read_text())["entries"]
+    out: dict[str, dict[float, float]] = {}
+    for e in entries:
+        if e["group"] != "bench" or e["kernel"] not in timed:
+            continue
+        ir = KernelIR.from_source((run_dir / e["file"]).read_text(), e["kernel_path"])
+        times = {eff: model_tier(ir, replace(chip, hbm_efficiency=eff)).time_s for eff in effs}
+        out[e["id"]] = {k: v for k, v in times.items() if v}
+    return out
+
+
+def model_fit(report: dict[str, Any], data: dict[str, dict[float, float]], eff: float) -> dict[str, Any]:
+    """The model's median |log(model / chip)| on the same training / validation kernels, at eff = 1, at the compiler
+    tier's fitted `eff`, and at the model's own best eff on the training kernels (reported, not used)."""
+    pts = [
+        (r["kernel"], data[f"{r['kernel']}__{v}"], r[v]["median_s"])
+        for r in report["rows"]
+        for v in ("baseline", "best")
+        if r[v] and r[v].get("median_s") and data.get(f"{r['kernel']}__{v}")
+    ]
+    kernels = sorted({p[0] for p in pts})
+    train_k = set(kernels[0::2])
+
+    def err(e: float, train: bool) -> float:
+        return statistics.median(abs(math.log(t[e] / h)) for k, t, h in pts if (k in train_k) == train and e in t)
+
+    own = min(sorted(data[next(iter(data))]), key=lambda e: err(e, True))
+    return {
+        "points": len(pts),
+        "train_median_abs_log_err": {
+            "eff=1": err(1.0, True),
+            "compiler_fit": err(eff, True),
+            "model_own": err(own, True),
+        },
+        "validation_median_abs_log_err": {
+            "eff=1": err(1.0, False),
+            "compiler_fit": err(eff, False),
+            "model_own": err(own, False),
+        },
+        "model_own_eff": own,
+    }
 
 
 def points(report: dict[str, Any], data: dict[str, dict[str, Any]]) -> list[Point]:
@@ -94,9 +157,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("report", type=Path)
     ap.add_argument("--target", default="v5e")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--points-from", type=Path, help="reuse the compiler points of an earlier fit's JSON (no compiles)")
     a = ap.parse_args(argv)
     report = json.loads(a.report.read_text())
-    result = fit(points(report, compiler_data(a.run_dir, report, a.target)))
+    if a.points_from:
+        pts = [tuple(p) for p in json.loads(a.points_from.read_text())["points"]]
+    else:
+        pts = points(report, compiler_data(a.run_dir, report, a.target))
+    result = fit(pts)  # type: ignore[arg-type]
+    effs = [x / 100 for x in range(40, 101)]
+    result["model"] = model_fit(report, model_data(a.run_dir, report, a.target, effs), result["eff"])
     a.out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k not in ("points", "floor_bound_validation")}, indent=1))
     return 0

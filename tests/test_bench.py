@@ -142,7 +142,9 @@ def test_the_xla_reference_is_never_faster_than_its_flops_at_the_matmul_peak() -
     t8, _ = reference_floor(V5E, flops, nbytes, (jnp.int8,))  # 8-bit inputs: the faster int8 rate bounds it
     assert t8 < t
     t, why = reference_floor(V5E, 1e6, 1e9)  # a copy: its bytes bound it
-    assert t == pytest.approx(1e9 / V5E.device_hbm_bw_bytes_s) and why.startswith("HBM floor")
+    assert t == pytest.approx(1e9 / V5E.delivered_hbm_bw_bytes_s) and why.startswith("HBM floor")
+    # At the bandwidth the chip delivers (hardware.py: v5e 0.70 of the datasheet's, measured), not the datasheet's.
+    assert t == pytest.approx(1e9 / (0.70 * 819e9))
 
 
 def test_io_bytes_counts_each_input_and_output_once() -> None:
@@ -201,8 +203,8 @@ def test_the_xla_reference_floor_is_its_inputs_and_outputs_not_xlas_bytes_access
     assert accessed > 1.2 * io  # XLA's own figure counts more than one read of x and one write
     est = CompilerEstimator(V5E, None)(ir, "reference")
     assert est.error is None and est.time_s is not None
-    assert est.time_s >= io / V5E.device_hbm_bw_bytes_s * (1 - 1e-9)
-    assert est.time_s < accessed / V5E.device_hbm_bw_bytes_s
+    assert est.time_s >= io / V5E.delivered_hbm_bw_bytes_s * (1 - 1e-9)
+    assert est.time_s < accessed / V5E.delivered_hbm_bw_bytes_s
     assert "bytes accessed" not in est.method
 
 

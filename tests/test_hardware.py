@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from pallasopt.cost_model.hardware import CHIPS, Chip, UnknownTarget, get_chip, 
 
 TPUS = ("v4", "v5e", "v5p", "v6e", "tpu7x")
 GPUS = ("h100", "h200")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_target_is_there() -> None:
@@ -141,3 +143,13 @@ def test_topologies_compile_deviceless_with_the_named_device_kind() -> None:
         kind, cores = seen[chip.topology]
         assert kind == chip.device_kind
         assert cores == (2 if name == "v5p" else 1)  # v5p's device is a megacore; v4's deviceless ones are not
+
+
+def test_delivered_bandwidth_is_the_datasheet_times_the_fitted_efficiency() -> None:
+    for chip in CHIPS.values():
+        assert 0 < chip.hbm_efficiency <= 1.0
+        assert chip.delivered_hbm_bw_bytes_s == pytest.approx(chip.device_hbm_bw_bytes_s * chip.hbm_efficiency)
+    # Only the v5e has measured times behind a figure (bench/results/hw-v5e-2026-12-05/hbm-efficiency.json).
+    assert [n for n, c in CHIPS.items() if c.hbm_efficiency != 1.0] == ["v5e"]
+    fit = json.loads((ROOT / "bench/results/hw-v5e-2026-12-05/hbm-efficiency.json").read_text())
+    assert get_chip("v5e").hbm_efficiency == fit["eff"]

@@ -127,3 +127,44 @@ def test_hw_time_skips_what_earlier_runs_timed(tmp_path: Path, capsys: pytest.Ca
     assert hw.time_all(tmp_path, out, None, "a,b", [earlier]) == 0
     assert capsys.readouterr().out.startswith("0 to time (2 done)")
     assert out.read_text().count("\n") == 1
+
+
+def _bandwidth_fit() -> Any:
+    spec = importlib.util.spec_from_file_location("hw_bandwidth_fit", ROOT / "bench" / "hw_bandwidth_fit.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_bandwidth_fit_recovers_the_efficiency_behind_synthetic_chip_times() -> None:
+    """Chip times made as max(static, floor / 0.6), one in four 10% off: the fit (training kernels only) finds 0.6, and
+    the validation error at the fitted value is below the error at eff = 1."""
+    fit = _bandwidth_fit()
+    pts = []
+    for i in range(16):
+        static, floor = 1e-3 * (1 + i % 5), 1e-3 * (0.5 + 0.4 * i)
+        wobble = 1.10 if i % 8 in (0, 5) else 1.0  # one outlier in four, in either half
+        pts.append((f"k{i:02d}", "best", static, floor, max(static, floor / 0.6) * wobble))
+    r = fit.fit(pts)
+    assert r["eff"] == pytest.approx(0.6, abs=0.03)
+    assert set(r["train_kernels"]).isdisjoint(r["validation_kernels"])
+    val = r["validation_median_abs_log_err"]
+    assert val["fitted"] < val["eff=1"]
+
+
+def test_the_bandwidth_fit_scores_the_model_on_the_same_split() -> None:
+    fit = _bandwidth_fit()
+    report = {
+        "rows": [{"kernel": f"k{i}", "baseline": {"median_s": 2e-3}, "best": {"median_s": 1e-3}} for i in range(4)]
+    }
+    # Model times per eff: right at eff = 0.5 (2x the datasheet-bandwidth time), off by 2x at eff = 1.
+    data = {
+        f"k{i}__{v}": {e: (2e-3 if v == "baseline" else 1e-3) * 0.5 / e for e in (0.5, 0.75, 1.0)}
+        for i in range(4)
+        for v in ("baseline", "best")
+    }
+    m = fit.model_fit(report, data, 0.75)
+    assert m["points"] == 8 and m["model_own_eff"] == 0.5
+    assert m["validation_median_abs_log_err"]["model_own"] == pytest.approx(0.0)
+    assert m["validation_median_abs_log_err"]["eff=1"] == pytest.approx(math.log(2))

@@ -16,8 +16,9 @@ from ..ir.kernel_ir import KernelIR
 from .rows import Estimate
 
 # Bump when the estimate method changes: it keys the estimate cache (3: the MXU floor; 4: the HBM floor from the
-# compiled program's HBM traffic, not XLA's bytes accessed).
-ESTIMATE_VERSION = 4
+# compiled program's HBM traffic, not XLA's bytes accessed; 5: that floor at the chip's delivered bandwidth,
+# `Chip.hbm_efficiency`, which the key also holds).
+ESTIMATE_VERSION = 5
 
 
 class Estimator(Protocol):
@@ -47,9 +48,10 @@ def loop_trips(jaxpr: Any) -> tuple[int, bool]:
 
 def reference_floor(chip: Chip, flops: float, nbytes: float, dtypes: tuple[Any, ...] = ()) -> tuple[float, str]:
     """The least time XLA's reference can take on `chip` (seconds) and what bounds it: `nbytes`, its HBM traffic (the
-    compiled program's, `hlo_traffic.hbm_traffic_bytes`, at least its inputs and outputs: `io_bytes`), over HBM
-    bandwidth, or its FLOPs (XLA's cost analysis: 2 per multiply-add, elementwise ones too) at the chip's fastest
-    matmul rate for its inputs' dtypes (bf16's, or the 8-bit rate where an input is 8-bit). libtpu's static profile
+    compiled program's, `hlo_traffic.hbm_traffic_bytes`, at least its inputs and outputs: `io_bytes`), over the HBM
+    bandwidth the chip delivers (`Chip.delivered_hbm_bw_bytes_s`), or its FLOPs (XLA's cost analysis: 2 per
+    multiply-add, elementwise ones too) at the chip's fastest matmul rate for its inputs' dtypes (bf16's, or the
+    8-bit rate where an input is 8-bit). libtpu's static profile
     of an XLA convolution can come out under both (fused_21_causal_conv1d_silu, v5e: the profile said 0.215 ms, the
     HBM floor, for 137 GFLOP that take >= 0.70 ms at 197 TFLOP/s), so neither the profile nor the HBM floor alone.
 
@@ -58,7 +60,7 @@ def reference_floor(chip: Chip, flops: float, nbytes: float, dtypes: tuple[Any, 
     0.287 ms, fused_05 1.057 against 1.250, fused_08 0.223 against 0.248; the bench then reported those kernels
     2.30x / 1.94x / 1.36x faster than XLA, the chip 0.95x / 1.38x / 0.75x."""
     peak = max([chip.device_peak_bf16_flops, *(chip.device_peak_flops(d) for d in dtypes)])
-    hbm, mxu = nbytes / chip.device_hbm_bw_bytes_s, flops / peak
+    hbm, mxu = nbytes / chip.delivered_hbm_bw_bytes_s, flops / peak  # the bandwidth the chip delivers (hardware.py)
     return (mxu, "MXU floor from XLA's FLOPs") if mxu > hbm else (hbm, "HBM floor from its compiled program's traffic")
 
 
@@ -119,7 +121,16 @@ class CompilerEstimator:
         self.versions = versions()
 
     def __call__(self, ir: KernelIR, fn: str) -> Estimate:
-        key_src = [ESTIMATE_VERSION, ir.digest, fn, dict(ir.dims), self.chip.name, self.versions, self.direct_limit_s]
+        key_src = [
+            ESTIMATE_VERSION,
+            ir.digest,
+            fn,
+            dict(ir.dims),
+            self.chip.name,
+            self.chip.hbm_efficiency,
+            self.versions,
+            self.direct_limit_s,
+        ]
         key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:24]
         if key in self.cache:
             return Estimate.from_dict(self.cache[key])

@@ -308,7 +308,7 @@ def manual_dma_time(steps: int, step_bytes: float, depth: int, chip: Chip) -> fl
     from start to arrival. With a ring of `depth` slots, depth - 1 copies are in flight while a step computes, so
     the copies sustain one step per (latency + transfer) / (depth - 1) (Little's law); serialized (depth 1), every
     step waits the whole copy (the caller adds the compute)."""
-    one = chip.dma_latency_s + step_bytes / chip.device_hbm_bw_bytes_s
+    one = chip.dma_latency_s + step_bytes / chip.delivered_hbm_bw_bytes_s
     return steps * one / max(depth - 1, 1)
 
 
@@ -342,7 +342,7 @@ def estimate_call(call: CallFacts, chip: Chip, order: Sequence[int] | None = Non
         else:
             last_bytes += op.block_bytes
     total_bytes = sum(t.bytes for t in traffic)
-    bw = chip.device_hbm_bw_bytes_s
+    bw = chip.delivered_hbm_bw_bytes_s
     mxu = _mxu_seconds(call, chip)
     lane = _lane_padding(call)
     vpu_rate, eup_rate = chip.vpu_flops / chip.devices_per_chip, chip.eup_ops / chip.devices_per_chip
@@ -446,12 +446,20 @@ def estimate_calls(calls: Sequence[CallFacts], chip: Chip) -> Estimate:
     return Estimate(chip=chip.name, calls=tuple(estimate_call(c, chip) for c in calls))
 
 
+def _bandwidth(chip: Chip) -> str:
+    """The HBM bandwidth the model charges, in words ("573 GB/s (0.70 of 819)" where the chip's is fitted)."""
+    delivered = f"{chip.delivered_hbm_bw_bytes_s / 1e9:.0f} GB/s"
+    if chip.hbm_efficiency == 1.0:
+        return delivered
+    return f"{delivered} ({chip.hbm_efficiency:.2f} of {chip.device_hbm_bw_bytes_s / 1e9:.0f})"
+
+
 def explain(e: CallEstimate, chip: Chip) -> str:
     """One paragraph an engineer can check: what bounds the call and why."""
     ms = 1e3
     parts = [
         f"{e.steps} grid steps; est. {e.time_s * ms:.3f} ms ({e.bound}-bound) on {chip.name}.",
-        f"HBM traffic {e.bytes / 2**20:.1f} MiB -> {e.dma_s * ms:.3f} ms at {chip.device_hbm_bw_bytes_s / 1e9:.0f} GB/s;",
+        f"HBM traffic {e.bytes / 2**20:.1f} MiB -> {e.dma_s * ms:.3f} ms at {_bandwidth(chip)};",
         f"MXU {e.mxu_s * ms:.3f} ms, VPU {e.vpu_s * ms:.3f} ms, EUP {e.eup_s * ms:.3f} ms;",
         f"step overhead {e.overhead_s * ms:.3f} ms ({chip.step_overhead_s * 1e6:.2f} us x {e.steps}).",
         f"VMEM {e.vmem_bytes / 2**20:.2f} of {e.vmem_limit_bytes / 2**20:.0f} MiB.",

@@ -89,7 +89,7 @@ class WrapperCost:
     ops: tuple[str, ...]
 
     def seconds(self, chip: Chip) -> float:
-        return self.bytes / chip.device_hbm_bw_bytes_s
+        return self.bytes / chip.delivered_hbm_bw_bytes_s
 
 
 def _nbytes(aval: Any) -> int:
