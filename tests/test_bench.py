@@ -323,3 +323,27 @@ def test_cli_registration_and_quick_selection() -> None:
     quick = find_kernels(ROOT / "bench" / "kernels", quick=True)
     assert sorted(k.stem for k in quick) == sorted(QUICK_KERNELS)
     assert all(k.name.startswith("llm_") for k in find_kernels(ROOT / "bench" / "kernels", ("llm_*",)))
+
+
+def test_retier_times_an_old_recipe_at_the_new_hbm_floor() -> None:
+    """bench/retier.py: a floor-bound old time moves to the new floor; a static-bound one stays unless the new floor
+    passes it; a time under its own recomputed old floor is refused (the runs differ by more than the floor)."""
+    import importlib.util
+    from dataclasses import replace
+
+    from pallasopt.search.tiers import compile_floor
+
+    spec = importlib.util.spec_from_file_location("retier", ROOT / "bench" / "retier.py")
+    assert spec is not None and spec.loader is not None
+    retier = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(retier)
+    ir = KernelIR.from_file(MATMUL)
+    old_floor, new_floor = compile_floor(ir, replace(V5E, hbm_efficiency=1.0)), compile_floor(ir, V5E)
+    assert new_floor > old_floor
+    row = {"kernel": "m", "path": str(MATMUL), "recipe": [], "best_s": old_floor}
+    r = retier.retime(row, "v5e")
+    assert r["retier_s"] == pytest.approx(new_floor) and r["bound"] == "HBM floor"
+    r = retier.retime({**row, "best_s": 10 * new_floor}, "v5e")
+    assert r["retier_s"] == pytest.approx(10 * new_floor) and r["bound"] == "static schedule"
+    with pytest.raises(RuntimeError, match="under its recomputed old floor"):
+        retier.retime({**row, "best_s": 0.5 * old_floor}, "v5e")

@@ -87,7 +87,7 @@ def test_the_model_charges_the_wrapper_relayouts(ir: KernelIR) -> None:
     # On TPU a reshape that moves the minor dim is a relayout: each of x, r and the result is read and written once.
     assert sorted(cost.ops) == ["reshape"] * 3 and cost.bytes == 3 * 2 * 1024 * 64 * 4
     before, after = model_tier(ir, V5E), model_tier(new, V5E)
-    assert after.data["wrapper_s"] == pytest.approx(cost.bytes / V5E.device_hbm_bw_bytes_s)
+    assert after.data["wrapper_s"] == pytest.approx(cost.bytes / V5E.delivered_hbm_bw_bytes_s)
     # The body's vector work no longer pays for 64 idle lanes of each vreg: half the VPU and EUP time.
     vpu = [c["vpu_s"] + c["eup_s"] for c in (before.data["calls"][0], after.data["calls"][0])]
     assert vpu[1] == pytest.approx(vpu[0] / 2)
@@ -151,7 +151,7 @@ def test_the_model_sees_both_sides_of_the_trade(ir: KernelIR) -> None:
     vector = [c["vpu_s"] + c["eup_s"] for c in (before.data["calls"][0], after.data["calls"][0])]
     assert vector[1] == pytest.approx(vector[0] / 4)
     saved = vector[0] - vector[1]
-    assert after.data["wrapper_s"] == pytest.approx(4 * 65536 * 32 * 4 / V5E.device_hbm_bw_bytes_s)
+    assert after.data["wrapper_s"] == pytest.approx(4 * 65536 * 32 * 4 / V5E.delivered_hbm_bw_bytes_s)
     assert (after.time_s < before.time_s) == (saved > after.data["wrapper_s"])
     gelu = [model_tier(x, V5E).time_s for x in (ir, LaneDensePass(call=0).apply(ir))]
     assert gelu[1] > gelu[0]

@@ -51,7 +51,7 @@ def test_the_model_charges_the_wrapper_transpose(ir: KernelIR) -> None:
     cost = wrapper_cost(new)
     assert cost.ops == ("transpose",) and cost.bytes == 2 * 256 * 256 * 4  # read w, write w.T
     before, after = model_tier(ir, V5E), model_tier(new, V5E)
-    assert after.data["wrapper_s"] == pytest.approx(cost.bytes / V5E.device_hbm_bw_bytes_s)
+    assert after.data["wrapper_s"] == pytest.approx(cost.bytes / V5E.delivered_hbm_bw_bytes_s)
     assert after.time_s == pytest.approx(sum(c["time_s"] for c in after.data["calls"]) + after.data["wrapper_s"])
     assert before.data["wrapper_s"] == 0
 

@@ -71,6 +71,11 @@ def _roofline_plot(path: Path, nodes: list[dict[str, Any]], base_digest: str, be
     for dtype, style in (("bfloat16", "-"), ("float32", ":")):
         peak = chip.device_peak_flops(dtype)
         ax.plot(grid, [min(peak, x * bw) for x in grid], "k" + style, lw=1.2, label=f"roof, {dtype} peak")
+    delivered = chip.delivered_hbm_bw_bytes_s
+    if delivered < bw:  # the bandwidth the tiers charge (Chip.hbm_efficiency, measured) under the datasheet's
+        peak = chip.device_peak_bf16_flops
+        label = f"HBM delivered, {delivered / 1e9:.0f} GB/s ({chip.hbm_efficiency:.2f} of the datasheet)"
+        ax.plot(grid, [min(peak, x * delivered) for x in grid], color="gray", ls="--", lw=1.0, label=label)
     others = [p for p in pts if p[2].get("digest") not in (base_digest, best_digest)]
     if others:
         ax.scatter([p[0] for p in others], [p[1] for p in others], s=10, c="tab:blue", alpha=0.25, label="candidates")
