@@ -29,15 +29,20 @@ from typing import Any
 Point = tuple[str, str, float, float, float]  # kernel, variant, static s, floor s, chip s
 
 
+def timed_entries(run_dir: Path, report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The manifest's bench variants of the kernels the chip timed."""
+    timed = {r["kernel"] for r in report["rows"] if (r["baseline"] or {}).get("median_s")}
+    entries = json.loads((run_dir / "manifest.json").read_text())["entries"]
+    return [e for e in entries if e["group"] == "bench" and e["kernel"] in timed]
+
+
 def compiler_data(run_dir: Path, report: dict[str, Any], target: str) -> dict[str, dict[str, Any]]:
     from pallasopt.cost_model.hardware import get_chip
     from pallasopt.ir.kernel_ir import KernelIR
     from pallasopt.search.tiers import Tiers, corrected_static
 
     tiers = Tiers(get_chip(target))
-    timed = {r["kernel"] for r in report["rows"] if (r["baseline"] or {}).get("median_s")}
-    entries = json.loads((run_dir / "manifest.json").read_text())["entries"]
-    todo = [e for e in entries if e["group"] == "bench" and e["kernel"] in timed]
+    todo = timed_entries(run_dir, report)
 
     def one(e: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         ir = KernelIR.from_source((run_dir / e["file"]).read_text(), e["kernel_path"])
@@ -65,29 +70,26 @@ def model_data(
     from pallasopt.search.tiers import model_tier
 
     chip = get_chip(target)
-    timed = {r["kernel"] for r in report["rows"] if (r["baseline"] or {}).get("median_s")}
-    entries = json.loads((run_dir / "manifest.json").read_text())["entries"]
     out: dict[str, dict[float, float]] = {}
-    for e in entries:
-        if e["group"] != "bench" or e["kernel"] not in timed:
-            continue
+    for e in timed_entries(run_dir, report):
         ir = KernelIR.from_source((run_dir / e["file"]).read_text(), e["kernel_path"])
         times = {eff: model_tier(ir, replace(chip, hbm_efficiency=eff)).time_s for eff in effs}
         out[e["id"]] = {k: v for k, v in times.items() if v}
     return out
 
 
-def model_fit(report: dict[str, Any], data: dict[str, dict[float, float]], eff: float) -> dict[str, Any]:
-    """The model's median |log(model / chip)| on the same training / validation kernels, at eff = 1, at the compiler
-    tier's fitted `eff`, and at the model's own best eff on the training kernels (reported, not used)."""
+def model_fit(report: dict[str, Any], data: dict[str, dict[float, float]], fitted: dict[str, Any]) -> dict[str, Any]:
+    """The model's median |log(model / chip)| on the compiler fit's own training / validation kernels (`fitted`:
+    `fit`'s result; kernels with a model time but no compiler point, where libtpu gave no estimate, are in neither),
+    at eff = 1, at the fitted eff, and at the model's own best eff on the training kernels (reported, not used)."""
+    eff, train_k, val_k = fitted["eff"], set(fitted["train_kernels"]), set(fitted["validation_kernels"])
     pts = [
         (r["kernel"], data[f"{r['kernel']}__{v}"], r[v]["median_s"])
         for r in report["rows"]
         for v in ("baseline", "best")
         if r[v] and r[v].get("median_s") and data.get(f"{r['kernel']}__{v}")
     ]
-    kernels = sorted({p[0] for p in pts})
-    train_k = set(kernels[0::2])
+    pts = [p for p in pts if p[0] in train_k | val_k]
 
     def err(e: float, train: bool) -> float:
         return statistics.median(abs(math.log(t[e] / h)) for k, t, h in pts if (k in train_k) == train and e in t)
@@ -166,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pts = points(report, compiler_data(a.run_dir, report, a.target))
     result = fit(pts)  # type: ignore[arg-type]
     effs = [x / 100 for x in range(40, 101)]
-    result["model"] = model_fit(report, model_data(a.run_dir, report, a.target, effs), result["eff"])
+    result["model"] = model_fit(report, model_data(a.run_dir, report, a.target, effs), result)
     a.out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k not in ("points", "floor_bound_validation")}, indent=1))
     return 0

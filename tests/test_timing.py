@@ -164,7 +164,8 @@ def test_the_bandwidth_fit_scores_the_model_on_the_same_split() -> None:
         for i in range(4)
         for v in ("baseline", "best")
     }
-    m = fit.model_fit(report, data, 0.75)
+    split = {"eff": 0.75, "train_kernels": ["k0", "k2"], "validation_kernels": ["k1", "k3"]}
+    m = fit.model_fit(report, data, split)
     assert m["points"] == 8 and m["model_own_eff"] == 0.5
     assert m["validation_median_abs_log_err"]["model_own"] == pytest.approx(0.0)
     assert m["validation_median_abs_log_err"]["eff=1"] == pytest.approx(math.log(2))
