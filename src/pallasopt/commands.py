@@ -103,11 +103,26 @@ def _add_run(sub: Any) -> None:
     )
     add_executor_options(p)
     p.add_argument("--seed", type=int, default=0, help="drives the check seeds and the random choices of evolve/random")
+    p.add_argument(
+        "--start-from",
+        action="append",
+        default=[],
+        metavar="RECIPE",
+        help='start the search from this recipe too, e.g. an earlier run\'s "tile{call=0,bm=512},fuse{producer=0}" '
+        "(re-verified like any candidate; kept unless the search finds better); repeatable",
+    )
     p.add_argument("--llm", action="store_true", help="add LLM rewrites (needs ANTHROPIC_API_KEY; cached in the DB)")
     p.add_argument("--llm-max-requests", type=int, default=20, help="cap on LLM requests in this run")
     p.add_argument("--force", action="store_true", help="overwrite an existing file named by -o")
     add_load_timeout(p)
     p.set_defaults(handler=cmd_run)
+
+
+def recipe_specs(text: str) -> tuple[str, ...]:
+    """A pipeline string as the recipe's pass specs (a usage error, exit 2, names a bad one)."""
+    from .passes.registry import parse_pipeline
+
+    return tuple(p.spec() for p in parse_pipeline(text))
 
 
 def add_executor_options(p: Any) -> None:
@@ -307,6 +322,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     check_executor(args)
     read_file(args.file)  # a missing kernel is named before its outputs are
     check_run_outputs(args)  # before the search: a run must not end with nowhere to write
+    starts = tuple(recipe_specs(r) for r in args.start_from)
     load_guarded(args.file, args.load_timeout)
     display = RunDisplay(console, enabled=not args.json)
     with display:
@@ -323,6 +339,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             use_compiler=not args.no_compile,
             jobs=args.jobs,
             passes=names,
+            start_from=starts,
         )
         result = optimize(
             args.file,

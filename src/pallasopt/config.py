@@ -88,6 +88,9 @@ class SearchConfig:
     use_compiler: bool = True  # use the deviceless TPU compiler tier when libtpu is installed
     jobs: int = 2
     passes: tuple[str, ...] = field(default_factory=tuple)  # restrict to these pass names (empty: all)
+    # Recipes (each a sequence of pass specs) to replay, check and start the search from (`run --start-from`,
+    # `bench --start-from`): an earlier run's best is re-verified and kept unless the search finds better.
+    start_from: tuple[tuple[str, ...], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGY_NAMES:
@@ -96,6 +99,15 @@ class SearchConfig:
             )
         if self.beam < 1 or self.depth < 0:
             raise UsageError("--beam must be >= 1 and --depth >= 0")
+        if isinstance(self.start_from, str) or any(
+            isinstance(r, str) or not all(isinstance(s, str) for s in r) for r in self.start_from
+        ):
+            raise UsageError(
+                "start_from takes recipes, each a sequence of pass specs",
+                hint='e.g. start_from=[("tile{call=0,bm=512}", "fuse{producer=0}")]',
+            )
+        # lists (JSON, the kernel DB's run key) become tuples: a frozen config compares and hashes by value
+        object.__setattr__(self, "start_from", tuple(tuple(r) for r in self.start_from))
 
 
 BASE_SEEDS = (101, 202)  # the search's check seeds at --seed 0 (each --seed step shifts both by SEED_STRIDE)

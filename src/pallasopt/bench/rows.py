@@ -53,6 +53,12 @@ class Row:
     hand_tuned: Estimate | None = None
     error: str | None = None
     suite: dict[str, Any] | None = None  # an external suite's own record (times, their tier) and import notes
+    started_from: tuple[tuple[str, ...], ...] = ()  # earlier best recipes the search started from (--start-from)
+
+    @property
+    def kept_start(self) -> bool:
+        """The result is a recipe the search started from: nothing it found was faster."""
+        return bool(self.recipe) and self.recipe in self.started_from
 
     @property
     def suite_speedup(self) -> float | None:
@@ -93,6 +99,7 @@ class Row:
         """A row as `to_dict` wrote it (derived fields are recomputed, not read)."""
         fields = {k: d[k] for k in Row.__dataclass_fields__ if k in d}
         fields["recipe"] = tuple(d.get("recipe") or ())
+        fields["started_from"] = tuple(tuple(r) for r in d.get("started_from") or ())
         for k in ("xla", "hand_tuned"):
             fields[k] = Estimate.from_dict(d[k]) if d.get(k) else None
         return Row(**fields)
@@ -101,6 +108,8 @@ class Row:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("xla", "hand_tuned", "recipe")}
         return d | {
             "recipe": list(self.recipe),
+            "started_from": [list(r) for r in self.started_from],
+            "kept_start": self.kept_start,
             "xla": self.xla.to_dict() if self.xla else None,
             "hand_tuned": self.hand_tuned.to_dict() if self.hand_tuned else None,
             "vs_xla": self.vs_xla,

@@ -59,20 +59,27 @@ def _one_line(e: BaseException) -> str:
 
 
 def bench_kernel(
-    path: Path, *, estimator: Estimator | None = None, progress: Progress | None = None, **opts: Any
+    path: Path,
+    *,
+    estimator: Estimator | None = None,
+    progress: Progress | None = None,
+    starts: Mapping[str, tuple[tuple[str, ...], ...]] | None = None,
+    **opts: Any,
 ) -> Row:
     """Optimize one kernel (write_output=False) and estimate its XLA reference and hand-tuned kernel.
 
     `opts` go to `optimize()`: SearchConfig fields (target, beam, depth, strategy, jobs, budget_seconds,
-    use_compiler) and its run options (db_path, fresh, evaluator).
+    use_compiler) and its run options (db_path, fresh, evaluator). `starts`: recipes by kernel stem that the
+    search starts from (`--start-from`: an earlier bench's best, re-verified and kept unless beaten).
     A search that raises becomes a row with `error`; the estimates are still attempted.
     """
     from ..optimize import optimize
 
     say = progress or (lambda e, i: None)
+    started = (starts or {}).get(path.stem, ())
     t0 = time.perf_counter()
     try:
-        res = optimize(str(path), write_output=False, progress=progress, **opts)
+        res = optimize(str(path), write_output=False, progress=progress, start_from=started, **opts)
         row = Row(
             kernel=path.stem,
             path=str(path),
@@ -89,6 +96,7 @@ def bench_kernel(
             from_cache=res.from_cache,
             model_baseline_s=res.model_baseline_s,
             model_best_s=res.model_best_s,
+            started_from=started,
         )
     except KeyboardInterrupt:
         raise
@@ -163,6 +171,14 @@ def _add_bench(sub: Any) -> None:
         help="combine the results of bench runs (shards of one suite run in parallel) into one set of files in --out",
     )
     p.add_argument("--fresh", action="store_true", help="search again even where the database has a finished run")
+    p.add_argument(
+        "--start-from",
+        action="append",
+        default=[],
+        metavar="RESULTS.json",
+        help="start each kernel's search from its best recipe in these earlier bench results (re-verified; kept "
+        "unless the search finds better); repeatable",
+    )
     p.add_argument("--no-compile", action="store_true", help="model tier only; no XLA / hand-tuned estimates")
     p.set_defaults(handler=cmd_bench)
 
@@ -254,6 +270,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     if not kernels and not failed:
         raise UsageError("no kernel matches", hint=f"check --suite {args.suite} and --kernels {args.kernels!r}")
 
+    starts = start_recipes([Path(p) for p in args.start_from])
     db = Path(args.db) if args.db else out / "bench.db"
     estimator = None if args.no_compile else CompilerEstimator(chip, db.with_name(db.stem + ".estimates.json"))
     date = datetime.date.today().isoformat()
@@ -269,6 +286,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         "strategy": args.strategy,
         "jobs": args.jobs,
         "budget_seconds": args.budget_seconds,
+        "start_from": list(args.start_from),
         "kernels": [k.stem for k in kernels] + [r.kernel for r in failed],
         "suite": suite if external else str(args.suite),
         "db": str(db),
@@ -296,6 +314,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         "strategy": args.strategy,
         "fresh": args.fresh,
         "executor": executor,
+        "starts": starts,
     }
     try:
         if executor.name == "local":
@@ -315,6 +334,25 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         console.print(f"  {k}: [bold]{v}[/]")
     console.print("wrote " + ", ".join(str(p) for p in paths.values()))
     return ExitCode.OK
+
+
+def start_recipes(paths: Sequence[Path]) -> dict[str, tuple[tuple[str, ...], ...]]:
+    """Each kernel's best recipe in earlier bench results (`--start-from`), by kernel stem: the rows that were
+    correct and changed something; several files give a kernel each of their distinct recipes."""
+    out: dict[str, list[tuple[str, ...]]] = {}
+    for p in paths:
+        try:
+            rows = json.loads(p.read_text())["rows"]
+            found = [(str(r["kernel"]), tuple(r.get("recipe") or ()), bool(r.get("correct"))) for r in rows]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UsageError(
+                f"{p}: not bench results ({type(e).__name__}: {e})",
+                hint="--start-from takes the .json a `pallasopt bench` run wrote",
+            ) from None
+        for kernel, recipe, correct in found:
+            if correct and recipe and recipe not in out.setdefault(kernel, []):
+                out[kernel].append(recipe)
+    return {k: tuple(v) for k, v in out.items() if v}
 
 
 def run_suite(
@@ -365,6 +403,7 @@ def _command_line(args: argparse.Namespace) -> str:
             words.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
     words += [f"--kernels '{args.kernels}'"] * bool(args.kernels) + [f"--jobs {args.jobs}"]
     words += [f"--executor {args.executor}"] * (getattr(args, "executor", "local") != "local")
+    words += [f"--start-from {p}" for p in getattr(args, "start_from", [])]
     words += [f"--out {args.out}"] + [f"--db {args.db}"] * bool(args.db) + ["--no-compile"] * args.no_compile
     return " ".join(words)
 

@@ -63,6 +63,12 @@ class RunDisplay:
         elif kind == "depth":
             best = info["best"]
             self.console.print(f"depth {info['depth']}: best {_ms(info['time_s'])} ({info['tier']})  {best.spec}")
+        elif kind == "start":
+            recipe = escape(",".join(info["recipe"]) or "(empty)")
+            if "dropped" in info:
+                self.console.print(f"[yellow]start recipe dropped[/] ({escape(info['dropped'])}): {recipe}")
+            else:
+                self.console.print(f"start: {_ms(info['time_s'])}, verified  {recipe}")
         elif kind == "error":
             self.console.print(f"[yellow]warning[/]: {info['message']}")
 

@@ -62,9 +62,12 @@ def beam_search(
 ) -> SearchOutcome:
     """Run the search; `progress(event, info)` is called as it goes (for the rich display and the DB)."""
     f = Funnel(base, evaluator, chip, config, progress=progress, seeds=seeds, clock=lambda: time.perf_counter())
-    beam = [f.root]
+    started = f.warm_start(config.start_from)
+    # an earlier run's verified states (`start_from`) share the first beam with the root; the best sets the bar
+    beam = sorted({n.digest: n for n in [f.root, *started] if n.depth < config.depth or n is f.root}.values(),
+                  key=f.rank_key)[: max(config.beam, 1)]  # fmt: skip
     stop = "depth limit"
-    best_time = f.key(f.root)
+    best_time = min(f.key(n) for n in [f.root, *started])
     for depth in range(1, config.depth + 1):
         if not f.budget_left():
             stop = "budget"

@@ -153,6 +153,8 @@ def evolve_search(
     want = config.beam * PRUNE_FACTOR * 2
     record = getattr(evaluator, "record_population", None)
     population, done = restore(f, evaluator)
+    started = f.warm_start(config.start_from)  # an earlier run's verified states join the first population
+    population = sorted({n.digest: n for n in population + started}.values(), key=f.rank_key)[: config.beam]
     if done and callable(record):  # the new run's table starts with the generation it continues from
         record(done, [n.ir for n in population if n.ir is not None])
     stop = "depth limit"

@@ -30,6 +30,7 @@ def exhaustive_search(
     seeds: tuple[int, int] | None = None,
 ) -> SearchOutcome:
     f = Funnel(base, evaluator, chip, config, progress=progress, seeds=seeds, clock=lambda: time.perf_counter())
+    f.warm_start(config.start_from)  # an earlier run's states: results like any other (the outcome's minimum)
     level: list[Node] = [f.root]
     reached: list[Node] = []
     stop = "depth limit"

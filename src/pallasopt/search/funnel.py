@@ -279,6 +279,31 @@ class Funnel:
             node = self.follow(node, choice, parents if i == len(specs) - 1 else ())
         return node
 
+    def warm_start(self, recipes: Sequence[Sequence[str]]) -> list[Node]:
+        """The states an earlier run found (`SearchConfig.start_from`, e.g. a previous bench's best recipes),
+        replayed from the root and run through every tier like any candidate (fresh check seeds, the ranking tier's
+        time today): the verified ones, best first. A recipe that no longer replays (a spec that does not parse, a
+        pass that declines or fails on this kernel) or fails a tier is reported in a "start" event and left out; the
+        search goes on from the root as without it."""
+        nodes: dict[str, Node] = {}
+        for specs in recipes:
+            node = self.replay(self.root, specs) if specs else None
+            if node is None or node is self.root or node.ir is None:
+                self.say("start", {"recipe": list(specs), "dropped": "does not replay on this kernel"})
+                continue
+            nodes[node.digest] = node
+        if not nodes:
+            return []
+        verified = self.evaluate(nodes.values(), None, prune=len(nodes))
+        for n in nodes.values():
+            if n not in verified:
+                tier = next((t for t in ("model", "compiler", "check", "hardware") if n.failed(t)), None)
+                why = f"failed the {tier} tier" if tier else "not verified (budget or a faster state's bar)"
+                self.say("start", {"recipe": list(n.recipe), "dropped": why})
+        if verified:
+            self.say("start", {"recipe": list(verified[0].recipe), "time_s": self.key(verified[0])})
+        return verified
+
     def compose(self, leaders: Sequence[Node], max_depth: int) -> Node | None:
         """The first of `leaders` (`step_leaders`: children of one state) with the last step of each next one
         applied after it, while the recipe stays within `max_depth` steps; a step that declines there, fails, or

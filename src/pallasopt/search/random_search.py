@@ -48,6 +48,7 @@ def random_search(
     seeds: tuple[int, int] | None = None,
 ) -> SearchOutcome:
     f = Funnel(base, evaluator, chip, config, progress=progress, seeds=seeds, clock=lambda: time.perf_counter())
+    f.warm_start(config.start_from)  # an earlier run's states: results like any other (the outcome's minimum)
     rng = random.Random(config.seed)
     size = config.beam * PRUNE_FACTOR
     stop = "depth limit"
