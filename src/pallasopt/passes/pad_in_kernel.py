@@ -12,9 +12,10 @@ from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import fresh_name
 from ..ir.cst_edit import add_scratch, ensure_pltpu, forward_new_ref, nested_into, ref_via_scratch, replace_many
-from ..ir.facts import Operand
+from ..ir.facts import CallFacts, Operand
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
+    PALLAS,
     Located,
     blockspec_parts,
     call_site,
@@ -24,6 +25,7 @@ from ..ir.matchers import (
     input_site,
     jnp_alias,
     keyword,
+    module_alias,
     only_read,
     resolve_local,
     shared_kernel,
@@ -163,6 +165,21 @@ def _whole_padded_dims(op: Operand, widths: Pads) -> bool:
     return True
 
 
+def reuse_axes(call: CallFacts, op: Operand) -> tuple[int, ...]:
+    """The innermost grid axes along which `op`'s block stays the same (every axis after the last one its index map
+    reads): the padded block need only be built when they are all 0, i.e. when a new block has just arrived. Empty
+    (build it every step) when there is none longer than 1, when the map is data-dependent (its axes are sampled),
+    or when one of them may be split over cores (not "arbitrary": a core would start past index 0)."""
+    if op.index_map.data_dependent:
+        return ()
+    last = max(op.index_map.axes, default=-1)
+    trailing = tuple(range(last + 1, len(call.grid)))
+    sem = call.dimension_semantics
+    if all(call.grid[a] == 1 for a in trailing) or (sem and any(sem[a] != "arbitrary" for a in trailing)):
+        return ()
+    return trailing
+
+
 @dataclass(frozen=True)
 class PadInKernelPass(Pass):
     """Move an input's zero padding from the wrapper into the kernel: an operand made by `jnp.pad(x, widths)` whose
@@ -170,7 +187,10 @@ class PadInKernelPass(Pass):
     passed as `x`, its BlockSpec's padded dims shrink by the widths, and the kernel builds the padded block in a
     VMEM scratch of the old block shape (zeroed, then `x`'s block written at the pad offsets) that the body reads
     under the old ref name. The padded copy of `x` no longer goes through HBM (a write and a read of the whole
-    array, which the cost model charges to the wrapper); the kernel pays two VMEM stores of the block per step.
+    array, which the cost model charges to the wrapper); the kernel pays two VMEM stores of the block each time a
+    new block arrives: under `pl.when` the innermost grid axes along which the block stays (`reuse_axes`) are 0.
+    (Building it every step cost fused_22's row-per-step conv, whose whole image is one block for 56 steps, 3x on a
+    TPU v5e: 0.533 -> 1.584 ms, bench/results/hw-v5e-2026-12-06.)
 
     Widths are a literal (an int, a pair, a pair per dim) or a pair per dim whose sides may be the wrapper's
     expressions (`(K - 1, 0)`: the block shrinks by `(K - 1 + 0)`, and the kernel finds the offset from the
@@ -247,9 +267,13 @@ class PadInKernelPass(Pass):
         inner = fresh_name(used_names(kernel), f"{ref}_unpadded")  # parameter names included
         offsets = [_offset(w, ref, inner, k) if _padded(w) else None for k, (_, w) in enumerate(visible)]
         index = ", ".join(":" if o is None else f"{o}:{o} + {inner}.shape[{k}]" for k, o in enumerate(offsets))
-        prologue = cst.parse_module(
-            f"{ref}[...] = {jnp}.zeros({ref}.shape, {ref}.dtype)\n{ref}[{index}] = {inner}[...]\n"
-        ).body
+        build = f"{ref}[...] = {jnp}.zeros({ref}.shape, {ref}.dtype)\n{ref}[{index}] = {inner}[...]\n"
+        axes, pl = reuse_axes(facts, op), module_alias(loc.wrapper.module, PALLAS, through_parent=False)
+        if axes and pl is not None:
+            when = " & ".join(f"({pl}.program_id({a}) == 0)" for a in axes)
+            fn = fresh_name(used_names(kernel), f"_build_{ref}")
+            build = f"@{pl}.when({when})\ndef {fn}():\n" + "".join(f"    {line}\n" for line in build.splitlines())
+        prologue = cst.parse_module(build).body
         edits[kernel] = ref_via_scratch(
             kernel, self.operand, ref, inner, prologue, len(facts.inputs) + len(facts.outputs) + len(facts.scratch)
         )
