@@ -52,7 +52,7 @@ def compiler_data(run_dir: Path, report: dict[str, Any], target: str) -> dict[st
         # datasheet bandwidth (the tier's floor times the efficiency it already applied).
         raw, steps, floor = data.get("static_raw_s"), data.get("grid_steps"), data.get("hbm_floor_s")
         static = corrected_static(raw, int(steps), tiers.chip) if raw and steps else None
-        return e["id"], {"static": static, "floor": floor * tiers.chip.hbm_efficiency if floor else None}
+        return e["id"], {"static": static, "floor": floor * tiers.chip.floor_chip.hbm_efficiency if floor else None}
 
     with ThreadPoolExecutor(2) as ex:
         return dict(ex.map(one, todo))
@@ -121,12 +121,73 @@ def points(report: dict[str, Any], data: dict[str, dict[str, Any]]) -> list[Poin
     return out
 
 
-def error(eff: float, pts: Sequence[Point]) -> float:
-    return statistics.median(abs(math.log(max(s, f / eff) / h)) for _, _, s, f, h in pts)
+P_GRID = (2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, math.inf)  # `Chip.overlap_p` candidates; inf is max(S, F / eff)
 
 
-def ratio(eff: float, pts: Sequence[Point]) -> float:
-    return statistics.median(max(s, f / eff) / h for _, _, s, f, h in pts)
+def joined(s: float, f: float, eff: float, p: float = math.inf) -> float:
+    """The tier's time from its static part and its floor at datasheet bandwidth (`Chip.compiler_time`)."""
+    from dataclasses import replace
+
+    from pallasopt.cost_model.hardware import get_chip
+
+    return replace(get_chip("v5e"), overlap_p=p).compiler_time(s, f / eff)
+
+
+def error(eff: float, pts: Sequence[Point], p: float = math.inf) -> float:
+    return statistics.median(abs(math.log(joined(s, f, eff, p) / h)) for _, _, s, f, h in pts)
+
+
+def ratio(eff: float, pts: Sequence[Point], p: float = math.inf) -> float:
+    return statistics.median(joined(s, f, eff, p) / h for _, _, s, f, h in pts)
+
+
+def pair_order(
+    pts: Sequence[Point], eff: float, p: float, among: Sequence[Point] = (), gaps: tuple[float, float] = (0.02, 0.5)
+) -> tuple[int, int]:
+    """Of the close pairs of variants of one kernel (chip times apart by more than gaps[0], less than gaps[1]: the
+    calls a search has to get right; a naive kernel against a tuned one is not one), how many the tier orders as
+    the chip does, and how many there are. With `among`, each pair has one point of `pts` and one of `among`."""
+    right = total = 0
+    by_kernel: dict[str, list[Point]] = {}
+    for q in pts:
+        by_kernel.setdefault(q[0], []).append(q)
+    for group in by_kernel.values():
+        for i, a in enumerate(group):
+            others = [b for b in among if b[0] == a[0]] if among else group[i + 1 :]
+            for b in others:
+                if not gaps[0] < max(a[4], b[4]) / min(a[4], b[4]) - 1 < gaps[1]:
+                    continue
+                total += 1
+                right += (joined(a[2], a[3], eff, p) < joined(b[2], b[3], eff, p)) == (a[4] < b[4])
+    return right, total
+
+
+def same_variant(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Two points of one source: same kernel and variant name, the same static part and floor (to 1e-6)."""
+    return a[:2] == b[:2] and all(abs(x / y - 1) < 1e-6 for x, y in zip(a[2:4], b[2:4], strict=True))
+
+
+def joint_fit(train: Sequence[Point], held_out: dict[str, Sequence[Point]], fixed_eff: float) -> dict[str, Any]:
+    """`Chip.overlap_p` and eff together: the (eff, p) of the grid (0.40-1.00 x `P_GRID`) with the least training
+    median |log(tier / chip)|; each held-out set scored at it, at max with the eff fitted alone (`fixed_eff`), and in
+    pair order (`pair_order`)."""
+    grid = [(x / 100, p) for x in range(40, 101) for p in P_GRID]
+    eff, p = min(grid, key=lambda ep: (error(ep[0], train, ep[1]), ep[1] == math.inf))
+    scores = {}
+    every = [*train, *(q for pts in held_out.values() for q in pts)]
+    for name, pts in {"train": train, **held_out}.items():
+        if not pts:
+            continue
+        among = () if name in ("train", "validation") else [q for q in every if q not in pts]
+        r_max, n = pair_order(pts, fixed_eff, math.inf, among)
+        r_p, _ = pair_order(pts, eff, p, among)
+        scores[name] = {
+            "points": len(pts),
+            "median_abs_log_err": {"max": error(fixed_eff, pts), "p-norm": error(eff, pts, p)},
+            "median_pred_over_chip": {"max": ratio(fixed_eff, pts), "p-norm": ratio(eff, pts, p)},
+            "pairs_ordered_right": {"max": r_max, "p-norm": r_p, "pairs": n},
+        }
+    return {"eff": eff, "p": p, "max_eff": fixed_eff, "scores": scores}
 
 
 def fit(pts: Sequence[Point]) -> dict[str, Any]:
@@ -160,6 +221,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--target", default="v5e")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--points-from", type=Path, help="reuse the compiler points of an earlier fit's JSON (no compiles)")
+    ap.add_argument(
+        "--held-out",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FIT.json",
+        help="another fit's points (other variants timed on the chip later): scored at the joint fit, never fitted on",
+    )
     a = ap.parse_args(argv)
     report = json.loads(a.report.read_text())
     if a.points_from:
@@ -169,6 +238,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = fit(pts)  # type: ignore[arg-type]
     effs = [x / 100 for x in range(40, 101)]
     result["model"] = model_fit(report, model_data(a.run_dir, report, a.target, effs), result)
+    train_k = set(result["train_kernels"])
+    held = {"validation": [q for q in pts if q[0] not in train_k]}  # type: ignore[index]
+    for f in a.held_out:  # a variant timed again (another session's run of a baseline) is not held out: left out
+        other = [tuple(q) for q in json.loads(f.read_text())["points"]]
+        held[f.stem] = [q for q in other if not any(same_variant(q, r) for r in pts)]  # type: ignore[arg-type]
+    result["joint"] = joint_fit([q for q in pts if q[0] in train_k], held, result["eff"])  # type: ignore[arg-type]
     a.out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k not in ("points", "floor_bound_validation")}, indent=1))
     return 0

@@ -10,8 +10,8 @@ old floor. That tells a recipe that got slower from a tier that got stricter: fo
 the compiler, the old recipe at the new tier against the new run's best (same tier, same kernel). Rows ranked by the roofline model
 are re-timed by today's model outright (no compile involved).
 
-Only for runs whose compiler tier differs in the floor alone (the same libtpu, the same step excess); the script
-checks the old floor it recomputes with the efficiency at 1.0 against the old time (never below it).
+Only for runs whose compiler tier differs in the floor alone (the same libtpu, the same step excess) and joins the
+two parts by max (`Chip.overlap_p` infinite; it refuses otherwise); the script checks the old floor it recomputes with the efficiency at 1.0 against the old time (never below it).
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def retime(row: dict[str, Any], target: str) -> dict[str, Any]:
     from pallasopt.search.tiers import compile_floor, model_tier
 
     chip = get_chip(target)
+    if chip.overlap_p != float("inf"):  # the p-norm tier needs each recipe's static part, which the JSON does not keep
+        raise RuntimeError(f"{target}'s compiler tier joins static and floor by a p-norm: retier handles max only")
     ir = KernelIR.from_file(ROOT / row["path"])  # a relative path is the repository's; an absolute one stays
     if row["recipe"]:
         ir, records = apply_pipeline(ir, parse_pipeline(",".join(row["recipe"])))

@@ -39,9 +39,9 @@ def _matmul(x: jax.Array, w: jax.Array) -> jax.Array:
         ],
         out_specs=pl.BlockSpec((128, 128), lambda i, j, k: (i, j)),
     )
-    return pl.pallas_call(
-        _matmul_kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct((M, N), jnp.float32)
-    )(x, w)
+    return pl.pallas_call(_matmul_kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct((M, N), jnp.float32))(
+        x, w
+    )
 
 
 def _layernorm(h: jax.Array, gamma: jax.Array, beta: jax.Array) -> jax.Array:

@@ -46,9 +46,7 @@ def reference(a: jax.Array, b: jax.Array) -> jax.Array:
     return jax.nn.gelu(h / DIVISOR, approximate=True)
 
 
-def make_inputs(
-    key: jax.Array, B: int = 32, M: int = 512, K: int = 1024, N: int = 1024
-) -> tuple[jax.Array, ...]:
+def make_inputs(key: jax.Array, B: int = 32, M: int = 512, K: int = 1024, N: int = 1024) -> tuple[jax.Array, ...]:
     ka, kb = jax.random.split(key)
     a = jax.random.normal(ka, (B, M, K), jnp.float32).astype(jnp.bfloat16)
     b = jax.random.normal(kb, (B, K, N), jnp.float32).astype(jnp.bfloat16)

@@ -19,9 +19,7 @@ def _kernel(x_ref, w1_ref, w2_ref, o_ref):
     o_ref[...] += jnp.dot(a, w2_ref[...], preferred_element_type=jnp.float32)
 
 
-def mlp_fused(
-    x: jax.Array, w1: jax.Array, w2: jax.Array, block_rows: int = 128, block_hidden: int = 128
-) -> jax.Array:
+def mlp_fused(x: jax.Array, w1: jax.Array, w2: jax.Array, block_rows: int = 128, block_hidden: int = 128) -> jax.Array:
     M, D = x.shape
     H = w1.shape[1]
     D_out = w2.shape[1]

@@ -34,9 +34,7 @@ def _rmsnorm_kernel(h_ref, g_ref, o_ref):
     o_ref[...] = (h * inv * g_ref[...].astype(jnp.float32)).astype(o_ref.dtype)
 
 
-def matmul_bias_residual_rmsnorm(
-    x: jax.Array, w: jax.Array, b: jax.Array, r: jax.Array, g: jax.Array
-) -> jax.Array:
+def matmul_bias_residual_rmsnorm(x: jax.Array, w: jax.Array, b: jax.Array, r: jax.Array, g: jax.Array) -> jax.Array:
     M, K = x.shape
     N = w.shape[1]
     h = pl.pallas_call(

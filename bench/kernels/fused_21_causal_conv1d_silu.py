@@ -33,9 +33,7 @@ def causal_conv1d_silu(x: jax.Array, w: jax.Array, cout_block: int = 128) -> jax
         out_specs=pl.BlockSpec((1, T, cout_block), lambda b, j: (b, 0, j)),
     )
     kernel = lambda x_ref, w_ref, o_ref: _causal_conv_kernel(x_ref, w_ref, o_ref, taps=K)
-    return pl.pallas_call(kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct((B, T, Cout), x.dtype))(
-        xp, w
-    )
+    return pl.pallas_call(kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct((B, T, Cout), x.dtype))(xp, w)
 
 
 def reference(x: jax.Array, w: jax.Array) -> jax.Array:

@@ -32,9 +32,7 @@ def _lce_kernel(h_ref, w_ref, lab_ref, loss_ref, m_ref, l_ref, picked_ref, *, bl
     logits = jnp.dot(h_ref[...], w_ref[...], preferred_element_type=jnp.float32)
     m_prev = m_ref[...]
     m_new = jnp.maximum(m_prev, jnp.max(logits, axis=-1, keepdims=True))
-    l_ref[...] = l_ref[...] * jnp.exp(m_prev - m_new) + jnp.sum(
-        jnp.exp(logits - m_new), axis=-1, keepdims=True
-    )
+    l_ref[...] = l_ref[...] * jnp.exp(m_prev - m_new) + jnp.sum(jnp.exp(logits - m_new), axis=-1, keepdims=True)
     m_ref[...] = m_new
 
     cols = v * block_v + jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)

@@ -58,9 +58,9 @@ def moe_layer(x, w_router, w_gate, w_up, w_down, top_k: int = TOP_K):
         in_specs=[pl.BlockSpec((router_tm, D), lambda i: (i, 0)), pl.BlockSpec((D, E), lambda i: (0, 0))],
         out_specs=pl.BlockSpec((router_tm, E), lambda i: (i, 0)),
     )
-    probs = pl.pallas_call(
-        _router_kernel, grid_spec=router_grid, out_shape=jax.ShapeDtypeStruct((T, E), jnp.float32)
-    )(x, w_router)
+    probs = pl.pallas_call(_router_kernel, grid_spec=router_grid, out_shape=jax.ShapeDtypeStruct((T, E), jnp.float32))(
+        x, w_router
+    )
 
     top_p, top_idx = jax.lax.top_k(probs, top_k)
     top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
@@ -78,9 +78,9 @@ def moe_layer(x, w_router, w_gate, w_up, w_down, top_k: int = TOP_K):
         ],
         out_specs=pl.BlockSpec((tm, D), lambda i, e, f: (i, 0)),
     )
-    out = pl.pallas_call(
-        _expert_kernel, grid_spec=expert_grid, out_shape=jax.ShapeDtypeStruct((T, D), jnp.float32)
-    )(x, combine, w_gate, w_up, w_down)
+    out = pl.pallas_call(_expert_kernel, grid_spec=expert_grid, out_shape=jax.ShapeDtypeStruct((T, D), jnp.float32))(
+        x, combine, w_gate, w_up, w_down
+    )
     return out.astype(x.dtype)
 
 

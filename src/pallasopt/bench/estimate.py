@@ -18,7 +18,7 @@ from .rows import Estimate
 # Bump when the estimate method changes: it keys the estimate cache (3: the MXU floor; 4: the HBM floor from the
 # compiled program's HBM traffic, not XLA's bytes accessed; 5: that floor at the chip's delivered bandwidth,
 # `Chip.hbm_efficiency`, which the key also holds).
-ESTIMATE_VERSION = 5
+ESTIMATE_VERSION = 6
 
 
 class Estimator(Protocol):
@@ -49,7 +49,7 @@ def loop_trips(jaxpr: Any) -> tuple[int, bool]:
 def reference_floor(chip: Chip, flops: float, nbytes: float, dtypes: tuple[Any, ...] = ()) -> tuple[float, str]:
     """The least time XLA's reference can take on `chip` (seconds) and what bounds it: `nbytes`, its HBM traffic (the
     compiled program's, `hlo_traffic.hbm_traffic_bytes`, at least its inputs and outputs: `io_bytes`), over the HBM
-    bandwidth the chip delivers (`Chip.delivered_hbm_bw_bytes_s`), or its FLOPs (XLA's cost analysis: 2 per
+    bandwidth the chip delivers by the compiler tier's fit (`Chip.floor_chip`: as for our kernels' floor), or its FLOPs (XLA's cost analysis: 2 per
     multiply-add, elementwise ones too) at the chip's fastest matmul rate for its inputs' dtypes (bf16's, or the
     8-bit rate where an input is 8-bit). libtpu's static profile
     of an XLA convolution can come out under both (fused_21_causal_conv1d_silu, v5e: the profile said 0.215 ms, the
@@ -60,7 +60,8 @@ def reference_floor(chip: Chip, flops: float, nbytes: float, dtypes: tuple[Any, 
     0.287 ms, fused_05 1.057 against 1.250, fused_08 0.223 against 0.248; the bench then reported those kernels
     2.30x / 1.94x / 1.36x faster than XLA, the chip 0.95x / 1.38x / 0.75x."""
     peak = max([chip.device_peak_bf16_flops, *(chip.device_peak_flops(d) for d in dtypes)])
-    hbm, mxu = nbytes / chip.delivered_hbm_bw_bytes_s, flops / peak  # the bandwidth the chip delivers (hardware.py)
+    bw = chip.floor_chip.delivered_hbm_bw_bytes_s  # the compiler tier's delivered bandwidth (hardware.py), as ours
+    hbm, mxu = nbytes / bw, flops / peak
     return (mxu, "MXU floor from XLA's FLOPs") if mxu > hbm else (hbm, "HBM floor from its compiled program's traffic")
 
 
@@ -99,8 +100,9 @@ class CompilerEstimator:
 
     Reference: compiled at the default dims when XLA's cost analysis predicts <= `direct_limit_s` of work (libtpu's
     profile of a bigger XLA op takes minutes), else at smaller dims from the kernel's `reduce_dims_for_compile`
-    (about that much work) scaled by the reference's FLOP ratio default/reduced. Time = max(static estimate,
-    `reference_floor`: its compiled program's HBM traffic / HBM bandwidth or its FLOPs / matmul peak); the static estimate
+    (about that much work) scaled by the reference's FLOP ratio default/reduced. Time = `Chip.compiler_time`(static
+    estimate, `reference_floor`: its compiled program's HBM traffic / HBM bandwidth or its FLOPs / matmul peak), as for
+    the Pallas kernels' compiler tier (max, or the chip's fitted p-norm); the static estimate
     and the FLOPs times the trip count of a `scan` in the reference (the profile and the cost analysis count a loop
     body once). Hand-tuned: the kernel's own compiler tier, run on `hand_tuned` as the entry.
     """
@@ -128,6 +130,8 @@ class CompilerEstimator:
             dict(ir.dims),
             self.chip.name,
             self.chip.hbm_efficiency,
+            self.chip.overlap_p if self.chip.overlap_p != float("inf") else None,  # JSON has no inf
+            self.chip.compiler_hbm_efficiency,
             self.versions,
             self.direct_limit_s,
         ]
@@ -208,7 +212,8 @@ class CompilerEstimator:
                 static = rep.estimated_s * trips
                 floor = least if fn == "reference" else 0.0
                 bound = "static schedule" if static >= floor else floor_note
-                return Estimate(fn, max(static, floor), method="; ".join(["at the default dims", bound, *notes]))
+                t = chip.compiler_time(static, floor)
+                return Estimate(fn, t, method="; ".join(["at the default dims", bound, *notes]))
             notes.append(f"default dims failed ({rep.error_kind or rep.note})")
         # Smaller dims with the kernel's blocks: about `direct_limit_s` of XLA work for the reference (a big op
         # is estimated more faithfully than a tiny one scaled up), the compiler tier's 256 grid steps otherwise.
@@ -232,4 +237,4 @@ class CompilerEstimator:
         bound = "static schedule" if static >= floor else (full[1] if fn == "reference" else floor_note)
         method = f"at reduced dims {rdims} x {scale:.4g} ({how})" if rdims != dims else "at the default dims"
         method += f"; {bound}"
-        return Estimate(fn, max(static, floor), method="; ".join([method, *notes]))
+        return Estimate(fn, chip.compiler_time(static, floor), method="; ".join([method, *notes]))

@@ -244,11 +244,13 @@ def roofline_floor(ir: KernelIR, chip: Chip) -> float:
 
 
 def compile_floor(ir: KernelIR, chip: Chip, model: Estimate | None = None) -> float:
-    """The compiler tier's floor: its DMA and edge HBM traffic at full bandwidth plus the wrapper's. The static
-    schedule does not model HBM bandwidth (FACTS.md), so the tier answers max(static estimate, this): never less.
-    `model`: `estimate_calls(ir.calls, chip)` when the caller has it."""
-    model = model if model is not None else estimate_calls(ir.calls, chip)
-    return sum(c.dma_s + c.edge_s for c in model.calls) + wrapper_cost(ir).seconds(chip)
+    """The compiler tier's floor: its DMA and edge HBM traffic at the bandwidth the tier's fit says the chip delivers
+    (`Chip.floor_chip`) plus the wrapper's. The static schedule does not model HBM bandwidth (FACTS.md), so the tier
+    answers `Chip.compiler_time(static, this)`: never less.
+    `model`: `estimate_calls(ir.calls, chip)` when the caller has it (used when the floor's bandwidth is the model's)."""
+    fchip = chip.floor_chip
+    model = model if model is not None and fchip is chip else estimate_calls(ir.calls, fchip)
+    return sum(c.dma_s + c.edge_s for c in model.calls) + wrapper_cost(ir).seconds(fchip)
 
 
 class Tiers:
@@ -369,8 +371,9 @@ class Tiers:
         steps = sum(c.steps for c in ir.calls)
         data = {**data, "static_raw_s": static, "hbm_floor_s": hbm_floor, "grid_steps": steps}
         static = corrected_static(static, steps, self.chip)
-        # The static schedule does not model HBM bandwidth (FACTS.md): time >= bytes / bandwidth.
-        t = max(static, hbm_floor)
+        # The static schedule does not model HBM bandwidth (FACTS.md): time >= bytes / bandwidth, joined with the
+        # schedule as the chip's fit says (`Chip.compiler_time`: max, or a p-norm where the chip was measured).
+        t = self.chip.compiler_time(static, hbm_floor)
         bound = "static schedule" if static >= hbm_floor else "HBM floor"
         floor = roofline_floor(ir, self.chip)
         if t < SUSPICIOUS * floor:
