@@ -146,14 +146,15 @@ def pair_order(
 ) -> tuple[int, int]:
     """Of the close pairs of variants of one kernel (chip times apart by more than gaps[0], less than gaps[1]: the
     calls a search has to get right; a naive kernel against a tuned one is not one), how many the tier orders as
-    the chip does, and how many there are. With `among`, each pair has one point of `pts` and one of `among`."""
+    the chip does, and how many there are. `among`: more points to pair those of `pts` with (each pair holds at
+    least one point of `pts`)."""
     right = total = 0
     by_kernel: dict[str, list[Point]] = {}
     for q in pts:
         by_kernel.setdefault(q[0], []).append(q)
     for group in by_kernel.values():
         for i, a in enumerate(group):
-            others = [b for b in among if b[0] == a[0]] if among else group[i + 1 :]
+            others = [*group[i + 1 :], *(b for b in among if b[0] == a[0])]
             for b in others:
                 if not gaps[0] < max(a[4], b[4]) / min(a[4], b[4]) - 1 < gaps[1]:
                     continue

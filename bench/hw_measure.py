@@ -445,6 +445,47 @@ def _fmt_list(v: Sequence[float]) -> str:
     return ", ".join(f"{x:.2f}" for x in v) or "-"
 
 
+def compare(old: tuple[Path, Sequence[Path]], new: tuple[Path, Sequence[Path]], md: Path | None) -> int:
+    """Two chip runs of the bench (each a folder with its `manifest.json` and result files): per kernel, the best
+    recipe of each and their times on the chip, so a tier change is judged by what the chip says of the recipes it
+    made the search pick. Recipes the same in both give the run-to-run spread between the sessions."""
+    (old_entries, old_recs), (new_entries, new_recs) = _load(*old), _load(*new)
+
+    def bests(entries: list[dict[str, Any]], recs: dict[str, dict[str, Any]]) -> dict[str, tuple[str, float]]:
+        out = {}
+        for e in entries:
+            r = recs.get(e["id"])
+            if e["group"] == "bench" and e["variant"] == "best" and r and _usable(r):
+                out[e["kernel"]] = (",".join(e.get("recipe") or ()), float(r["median_s"]))
+        return out
+
+    a, b = bests(old_entries, old_recs), bests(new_entries, new_recs)
+    lines = [
+        "| kernel | old recipe | old [H] ms | new recipe | new [H] ms | new / old |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    changed: list[float] = []
+    same: list[float] = []
+    for k in sorted(set(a) & set(b)):
+        (ra, ta), (rb, tb) = a[k], b[k]
+        (same if ra == rb else changed).append(tb / ta)
+        shown = "(same)" if ra == rb else f"`{rb}`"
+        lines.append(f"| `{k}` | `{ra}` | {ta * 1e3:.3f} | {shown} | {tb * 1e3:.3f} | {tb / ta:.3f} |")
+    head = [
+        f"- kernels with a usable best on the chip in both runs: {len(changed) + len(same)}",
+        f"- recipe changed on {len(changed)}: faster by more than 2% on {sum(r < 0.98 for r in changed)}, slower by more "
+        f"than 2% on {sum(r > 1.02 for r in changed)}; geomean new / old {_geomean(changed) or float('nan'):.3f}",
+        f"- same recipe on {len(same)} (the sessions' run-to-run spread): new / old "
+        f"{min(same, default=float('nan')):.3f} - {max(same, default=float('nan')):.3f}",
+        "",
+    ]
+    text = "\n".join(head + lines) + "\n"
+    if md:
+        md.write_text(text)
+    print(text)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -465,7 +506,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("results", type=Path, nargs="+")
     r.add_argument("--md", type=Path)
     r.add_argument("--json", type=Path)
+    c = sub.add_parser("compare", help="the best recipes of two chip runs (e.g. before and after a tier change)")
+    c.add_argument("old_dir", type=Path, help="a folder with the old run's manifest.json")
+    c.add_argument("new_dir", type=Path)
+    c.add_argument("--old-results", type=Path, nargs="+", required=True)
+    c.add_argument("--new-results", type=Path, nargs="+", required=True)
+    c.add_argument("--md", type=Path)
     a = ap.parse_args(argv)
+    if a.cmd == "compare":
+        return compare((a.old_dir, a.old_results), (a.new_dir, a.new_results), a.md)
     if a.cmd == "prepare":
         return prepare(a.bench, a.fidelity, a.out)
     if a.cmd == "time":

@@ -169,3 +169,47 @@ def test_the_bandwidth_fit_scores_the_model_on_the_same_split() -> None:
     assert m["points"] == 8 and m["model_own_eff"] == 0.5
     assert m["validation_median_abs_log_err"]["model_own"] == pytest.approx(0.0)
     assert m["validation_median_abs_log_err"]["eff=1"] == pytest.approx(math.log(2))
+
+
+def test_the_joint_fit_recovers_a_p_norm_behind_synthetic_chip_times() -> None:
+    """Chip times made as (S^4 + (F / 0.8)^4)^(1/4): the joint fit on the training kernels finds p = 4 and eff near
+    0.8; it beats max on held-out points and orders their close pairs as the chip does, where max (at its own eff)
+    ties floor-bound variants that differ in their static part."""
+    fit = _bandwidth_fit()
+
+    def chip(s: float, f: float) -> float:
+        return float((s**4 + (f / 0.8) ** 4) ** 0.25)
+
+    train = [(f"k{i:02d}", "best", 1e-3 * (1 + i % 5), 1e-3 * (0.5 + 0.4 * i), 0.0) for i in range(16)]
+    train = [(k, v, s, f, chip(s, f)) for k, v, s, f, _ in train]
+    # held out: per kernel two floor-bound tiles with the same floor, one with three times the static part
+    held = [(f"h{i}", v, s, 2e-3, chip(s, 2e-3)) for i in range(6) for v, s in (("a", 0.6e-3), ("b", 1.8e-3))]
+    r = fit.joint_fit(train, {"later": held}, 0.7)
+    assert r["p"] == 4.0 and r["eff"] == pytest.approx(0.8, abs=0.02)
+    later = r["scores"]["later"]
+    assert later["median_abs_log_err"]["p-norm"] < later["median_abs_log_err"]["max"]
+    assert later["pairs_ordered_right"] == {"max": 0, "p-norm": 6, "pairs": 6}
+
+
+def test_hw_compare_puts_two_chip_runs_best_recipes_side_by_side(tmp_path: Path) -> None:
+    hw = _hw_measure()
+    for run, recipes in (("old", {"a": "tile{call=0,bm=256}", "b": "tile{call=0}"}),
+                         ("new", {"a": "tile{call=0,bm=512}", "b": "tile{call=0}"})):  # fmt: skip
+        d = tmp_path / run
+        d.mkdir()
+        entries = [{"group": "bench", "kernel": k, "id": f"{k}__best", "variant": "best", "recipe": [r]}
+                   for k, r in recipes.items()]  # fmt: skip
+        (d / "manifest.json").write_text(json.dumps({"entries": entries}))
+        times = {"old": (1e-3, 2e-3), "new": (0.8e-3, 2.02e-3)}[run]
+        (d / "r.jsonl").write_text(
+            "\n".join(json.dumps(_record(f"{k}__best", t, 1e-3)) for k, t in zip("ab", times, strict=True))
+        )
+    md = tmp_path / "cmp.md"
+    assert (
+        hw.compare((tmp_path / "old", [tmp_path / "old/r.jsonl"]), (tmp_path / "new", [tmp_path / "new/r.jsonl"]), md)
+        == 0
+    )
+    text = md.read_text()
+    assert "recipe changed on 1: faster by more than 2% on 1, slower by more than 2% on 0" in text
+    assert "same recipe on 1 (the sessions' run-to-run spread): new / old 1.010 - 1.010" in text
+    assert "| `a` | `tile{call=0,bm=256}` | 1.000 | `tile{call=0,bm=512}` | 0.800 | 0.800 |" in text

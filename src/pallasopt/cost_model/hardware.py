@@ -334,8 +334,9 @@ V5E = _tpu(
     # `joint`, bench/results/hw-v5e-2026-12-06/overlap-fit.json): eff and p together on the same 24 training points
     # (the grid 0.40-1.00 x p in 2..16 or inf): training median |log(tier / chip)| 0.064 -> 0.045; validation (23
     # points) 0.081 -> 0.075; held out, 50 variants first timed on 2026-12-06 (the 2026-12-05-ec8273f run's recipes):
-    # 0.101 -> 0.080, and of the 13 close pairs (one variant of them new; chip times 2-50% apart) it orders 12 as the
-    # chip does, max 8 (fused_06/26/27/28: floor-bound ties at max that the static part breaks the chip's way).
+    # 0.101 -> 0.080, and of the 16 close pairs with a new variant in them (one kernel's, chip times 2-50% apart) it
+    # orders 15 as the chip does, max 11 (fused_06/26/27/28: floor-bound near-ties at max that the static part breaks
+    # the chip's way).
     overlap_p=4.0,
     compiler_hbm_efficiency=0.79,
 )
