@@ -316,7 +316,7 @@ def optimize(
             db.finish_run(run_id, {}, state="interrupted")
             raise
         result = _finish(outcome, base, chip, cached, kernel_path, out_path, start, config)
-        result = dataclasses.replace(result, llm_usage=usage, notes=untunable_notes(base))
+        result = dataclasses.replace(result, llm_usage=usage, notes=(*result.notes, *untunable_notes(base)))
         if evaluator is None:  # a caller's own evaluator (tests, fakes) decides correctness alone
             result = _generalize(result, base, outcome, executor)
         if write_output and result.correct:
@@ -388,8 +388,8 @@ def _finish(
     config: SearchConfig,
 ) -> Result:
     tier = outcome.score_tier
-    best = outcome.best
     t0 = time.perf_counter()
+    best, gate_notes = _target_gate(outcome, evaluator, tier, chip.name)
     seeds = final_seeds(config.seed)
     final: TierResult = evaluator.check(best.ir, seeds) if best.ir is not None else TierResult("check", False)
     final_s = time.perf_counter() - t0
@@ -429,7 +429,42 @@ def _finish(
         budget=Budget(config.budget_seconds, outcome.wall_s, outcome.spend, final_s),
         strategy=outcome.strategy,
         nodes=tuple(node_summary(n, tier) for n in outcome.nodes.values()),
+        notes=gate_notes,
     )
+
+
+GATE_TRIES = 3  # verified candidates the target-compile gate tries, best first, before it keeps the baseline
+
+
+def _target_gate(
+    outcome: SearchOutcome, evaluator: CachedEvaluator, tier: str, target: str
+) -> tuple[Node, tuple[str, ...]]:
+    """The result: the best verified candidate that compiles for the target at the module's default dims
+    (`Tiers.target_compile`; the compiler tier compiles at reduced dims, a model-ranked search not at all), trying
+    up to `GATE_TRIES` in rank order, else the baseline; and a note per candidate it refused. Without a compiler
+    here the search's best stands (the run already says the compiler tier is not used). A compile that times out is
+    no verdict: that candidate stands, said in a note."""
+    best = outcome.best
+    if best is outcome.baseline or best.ir is None:
+        return best, ()
+    ranked = sorted(
+        (n for n in outcome.nodes.values() if n.passed("check") and n.ir is not None and score_of(n, tier)),
+        key=lambda n: (score_of(n, tier).time_s or 0.0, len(n.recipe), n.spec),  # type: ignore[union-attr]
+    )
+    ranked = [best, *(n for n in ranked if n is not best)][:GATE_TRIES]
+    notes: list[str] = []
+    for n in ranked:
+        assert n.ir is not None
+        r = evaluator.target_compile(n.ir)
+        if r is None:
+            return best, ()
+        if r.ok:
+            return n, tuple(notes)
+        recipe = ",".join(n.recipe)
+        if r.data.get("no_verdict"):
+            return n, (*notes, f"{recipe}: its compile for {target} at the default dims did not end ({r.message})")
+        notes.append(f"{recipe} does not compile for {target} at the default dims ({r.message}): not the result")
+    return outcome.baseline, (*notes, "no verified candidate tried compiles there: the input kernel is kept")
 
 
 def _untimed_reason(best: Node, tier: str, target: str) -> str:

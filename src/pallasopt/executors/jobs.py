@@ -39,7 +39,10 @@ def compile_job(
     steps_scale: float,
     timeout_s: float,
     call_scales: Sequence[float] = (),
+    profile: bool = True,
 ) -> Job:
+    """A deviceless compile of `entry` at `dims`; `profile=False` skips libtpu's static cycle profile (a verdict on
+    lowering and VMEM only, in seconds even at a module's full size)."""
     kwargs = {
         "source": source,
         "path": path,
@@ -49,6 +52,7 @@ def compile_job(
         "steps_scale": steps_scale,
         "call_scales": tuple(call_scales),
         "timeout_s": timeout_s,
+        "dump_profile": profile,
     }
     return Job("compile", compiler.compile_module, kwargs, timeout_s, _CompileLost(target, steps_scale), CPU_JOB)
 

@@ -119,6 +119,13 @@ class CachedEvaluator:
         kw = deadline_kw(self.inner.compiler, deadline)
         return self._cached(ir, "compiler", self.target, lambda: self.inner.compiler(ir, **kw))
 
+    def target_compile(self, ir: KernelIR) -> TierResult | None:
+        """The inner evaluator's `target_compile` (None when it has none), kept in the DB beside the tier's compile."""
+        fn = getattr(self.inner, "target_compile", None)
+        if not callable(fn):
+            return None
+        return self._cached(ir, "compiler", f"{self.target};default-dims", lambda: fn(ir))
+
     def check_work(self, ir: KernelIR, seeds: tuple[int, ...]) -> int | None:
         """The inner evaluator's `check_work`, or 0 when the DB already has this check's verdict (served free)."""
         if self.db.get_eval(self.candidate_id(ir), "check", self._check_key(seeds)) is not None:

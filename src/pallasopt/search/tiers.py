@@ -382,6 +382,29 @@ class Tiers:
             "compiler", True, t, f"{bound}: static {static * 1e3:.3f} ms, HBM floor {hbm_floor * 1e3:.3f} ms", data
         )
 
+    def target_compile(self, ir: KernelIR) -> TierResult | None:
+        """Whether the module compiles for the target at its default dims (lowering and VMEM, no cycle profile): the
+        gate the result passes whatever tier ranked it (`optimize._target_gate`). The compiler tier compiles at
+        reduced dims and a model-ranked search not at all; a buffer that grows with the dims (a scratch sized by the
+        sequence, XLA's own temporaries around the call) overflows only at the full size (llm_ragged_paged_attention's
+        best of 2026-12-05 needed 97.6 MiB of scoped VMEM at its default dims, on a v5e and deviceless alike). None:
+        no compiler here."""
+        if not self.use_compiler:
+            return None
+        from ..executors.jobs import compile_job
+
+        job = compile_job(
+            ir.source, ir.path, ir.entry, ir.dims, self.chip.name, steps_scale=1.0,
+            timeout_s=self.compile_timeout_s, profile=False,
+        )  # fmt: skip
+        rep = self.executor.run(job)
+        data = {"dims": dict(ir.dims), "error_kind": rep.error_kind or "", "vmem_bytes": rep.vmem_bytes}
+        if rep.ok:
+            return TierResult("compiler", True, None, f"compiles for {self.chip.name} at the default dims", data)
+        if rep.error_kind == "timeout":  # no verdict on the kernel: the gate lets it through and says so
+            data["no_verdict"] = True
+        return TierResult("compiler", False, None, f"{rep.error_kind}: {' '.join(str(rep.error).split())[:300]}", data)
+
     def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
         """The interpret-mode oracle; with a `deadline` (the search's budget) the child is stopped there, and a check
         cut short that way is marked ``budget_cut`` (no verdict on the kernel: the DB does not keep it)."""
