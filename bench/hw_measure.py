@@ -137,7 +137,7 @@ def time_one(entry: dict[str, Any], run_dir: Path, refs: dict[str, Any]) -> dict
     path = run_dir / entry["file"]
     w = load_source(path.read_text(), str(ROOT / entry["kernel_path"]))
     inputs = [tuple(w.make_inputs(jax.random.key(s))) for s in SEEDS]
-    rec: dict[str, Any] = {"id": entry["id"], "device": jax.devices()[0].device_kind}
+    rec: dict[str, Any] = {"id": entry["id"], "device": jax.devices()[0].device_kind, "jax": jax.__version__}
     key = entry["kernel_path"]
     if key not in refs:  # the reference once per kernel: its exact outputs and its own time at default precision
         ref_fn = jax.jit(w.reference)

@@ -118,7 +118,7 @@ def test_bench_reads_each_kernels_correct_best_recipes(tmp_path) -> None:
 
 def test_a_row_says_when_it_kept_the_start_recipe() -> None:
     start = (("tile{call=0,bm=512}",),)
-    kept = Row(kernel="k", path="k.py", correct=True, recipe=start[0], started_from=start)
+    kept = Row(kernel="k", path="k.py", correct=True, recipe=start[0], started_from=start, notes=("a note",))
     beaten = Row(kernel="k", path="k.py", correct=True, recipe=("tile{call=0,bm=1024}",), started_from=start)
     assert kept.kept_start and not beaten.kept_start
     again = Row.from_dict(json.loads(json.dumps(kept.to_dict())))

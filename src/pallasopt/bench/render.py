@@ -91,7 +91,7 @@ def render_markdown(rows: Sequence[Row], summary: Mapping[str, Any], meta: Mappi
     ]
     for r in rows:
         ht = r.hand_tuned
-        notes = [r.error or r.stop_reason] + ["kept the --start-from recipe"] * r.kept_start
+        notes = [r.error or r.stop_reason] + ["kept the --start-from recipe"] * r.kept_start + list(r.notes)
         notes += [f"{e.fn}: {e.error}" for e in (r.xla, ht) if e is not None and e.error]
         verdict = "ERROR" if r.error else ("yes" if r.correct else "NO")
         cells = [

@@ -54,6 +54,7 @@ class Row:
     error: str | None = None
     suite: dict[str, Any] | None = None  # an external suite's own record (times, their tier) and import notes
     started_from: tuple[tuple[str, ...], ...] = ()  # earlier best recipes the search started from (--start-from)
+    notes: tuple[str, ...] = ()  # the run's notes (a best that did not compile at the default dims, untunable calls)
 
     @property
     def kept_start(self) -> bool:
@@ -100,6 +101,7 @@ class Row:
         fields = {k: d[k] for k in Row.__dataclass_fields__ if k in d}
         fields["recipe"] = tuple(d.get("recipe") or ())
         fields["started_from"] = tuple(tuple(r) for r in d.get("started_from") or ())
+        fields["notes"] = tuple(d.get("notes") or ())
         for k in ("xla", "hand_tuned"):
             fields[k] = Estimate.from_dict(d[k]) if d.get(k) else None
         return Row(**fields)
@@ -109,6 +111,7 @@ class Row:
         return d | {
             "recipe": list(self.recipe),
             "started_from": [list(r) for r in self.started_from],
+            "notes": list(self.notes),
             "kept_start": self.kept_start,
             "xla": self.xla.to_dict() if self.xla else None,
             "hand_tuned": self.hand_tuned.to_dict() if self.hand_tuned else None,

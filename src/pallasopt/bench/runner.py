@@ -97,6 +97,7 @@ def bench_kernel(
             model_baseline_s=res.model_baseline_s,
             model_best_s=res.model_best_s,
             started_from=started,
+            notes=tuple(res.notes),
         )
     except KeyboardInterrupt:
         raise
