@@ -160,3 +160,16 @@ def test_family_of_traced_example_kernels() -> None:
     }
     got = {f: family_of(KernelIR.from_file(root / f).calls) for f in expected}
     assert got == expected
+
+
+def test_a_p_norm_tier_is_judged_by_its_max_join_the_rules_were_measured_on(monkeypatch) -> None:
+    """fused_04's baseline: the compiler's max(static, floor) 1.25x the model (within the 1.30x rule), its v5e
+    p-norm 1.33x: the p-norm's charge for the smaller part must not move a kernel to the model."""
+    import pallasopt.search.trust as trust
+
+    monkeypatch.setattr(trust, "TRUST", RULE)
+    both = tiers(1.0, 1.33)
+    joined = TierResult("compiler", True, 1.33e-3, "static schedule", {"max_join_s": 1.25e-3})
+    assert choose_tier(both, NO_HW, "v5e", screened=False, family="dense_matmul").tier == "model"
+    c = choose_tier({**both, "compiler": joined}, NO_HW, "v5e", screened=False, family="dense_matmul")
+    assert c.tier == "compiler" and c.trust is not None and c.trust["ratio"] == pytest.approx(1.25)

@@ -155,7 +155,10 @@ def _with_trust(
 ) -> TierChoice:
     """The compiler gave the baseline a time: apply the family's trust rule (if any) to the two tiers' times."""
     model_s = model.time_s if model is not None and model.ok else None
-    verdict = decide(family, target, model_s, compiler.time_s)
+    # The rules' thresholds were measured against the compiler's max(static, floor): a chip whose tier joins the two
+    # by a p-norm (`Chip.overlap_p`) is compared on that join too, else the p-norm's share of the smaller part alone
+    # would move a kernel to the model (fused_04's baseline went 1.25x -> 1.30x of the model that way).
+    verdict = decide(family, target, model_s, compiler.data.get("max_join_s", compiler.time_s))
     if verdict is not None and verdict["applied"] and verdict["rule"] == "model":
         why = (
             f"disagrees with the model by {verdict['ratio']:.2f}x (compiler/model) on a {family} kernel, where measured "

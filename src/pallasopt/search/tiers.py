@@ -374,6 +374,8 @@ class Tiers:
         # The static schedule does not model HBM bandwidth (FACTS.md): time >= bytes / bandwidth, joined with the
         # schedule as the chip's fit says (`Chip.compiler_time`: max, or a p-norm where the chip was measured).
         t = self.chip.compiler_time(static, hbm_floor)
+        # the max join too: what the trust rules' thresholds were measured on (`search/trust.py`, `ranking`)
+        data = {**data, "max_join_s": max(static, hbm_floor)}
         bound = "static schedule" if static >= hbm_floor else "HBM floor"
         floor = roofline_floor(ir, self.chip)
         if t < SUSPICIOUS * floor:
