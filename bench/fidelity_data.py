@@ -143,7 +143,9 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def pair_agreement(groups: Sequence[Sequence[tuple[float, float]]], margin: float = 0.15) -> tuple[int, int]:
+def pair_agreement(
+    groups: Sequence[Sequence[tuple[float, float]]], margin: float = 0.15
+) -> tuple[int, int]:
     """Over pairs within each group (configs of one problem: (predicted, measured)) whose measured times differ by
     more than `margin`, how many the prediction orders as measured (a predicted tie counts as wrong): (agreeing, pairs)."""
     agree = total = 0
@@ -221,3 +223,4 @@ def write_results(
     print(json.dumps(result.get("summary"), indent=1))
     print(f"wrote {out}")
     return out
+

@@ -50,7 +50,9 @@ def flash_attention_module(problem: dict[str, Any], config: dict[str, Any]) -> s
     if len(q) != 4 or dq != "bfloat16":
         raise Unsupported(f"q {problem['q']}")
     precision = problem.get("precision") or ["BF16_BF16_F32", "BF16_BF16_F32"]
-    cfg = ", ".join(f"{name}={config[name]}" for name in ("block_q", "block_kv", "block_kv_compute") if name in config)
+    cfg = ", ".join(
+        f"{name}={config[name]}" for name in ("block_q", "block_kv", "block_kv_compute") if name in config
+    )
     layouts = ", ".join(
         f"{name}=splash.QKVLayout({int(config.get(name, 1))})" for name in ("q_layout", "k_layout", "v_layout")
     )

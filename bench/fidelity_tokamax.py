@@ -108,25 +108,11 @@ def tutorial_rows(compile_: bool, split: str = "all") -> list[dict[str, Any]]:
             row = run_point(src, f"/tmp/pallasopt_fidelity/{path.stem}_{digest}.py", t["chip"], compile_)
         except Exception as e:  # one bad point never stops the bench
             row = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
-        rows.append(
-            {
-                "source": "tutorial",
-                "name": t["name"],
-                "family": t["family"],
-                "device": t["chip"],
-                "split": half,
-                "key": t.get("problem", t["name"]),
-                "config": t.get("config", ""),
-                "measured_ms": t["measured_ms"],
-                "tier": t["tier"],
-                **row,
-            }
-        )
-        print(
-            f"{t['chip']} {t['name']}: measured {t['measured_ms']:.3f} ms, model {row.get('model_ms')}, "
-            f"compiler {row.get('compiler_ms')} {row.get('error', '')[:120]}",
-            flush=True,
-        )
+        rows.append({"source": "tutorial", "name": t["name"], "family": t["family"], "device": t["chip"],
+                     "split": half, "key": t.get("problem", t["name"]), "config": t.get("config", ""),
+                     "measured_ms": t["measured_ms"], "tier": t["tier"], **row})
+        print(f"{t['chip']} {t['name']}: measured {t['measured_ms']:.3f} ms, model {row.get('model_ms')}, "
+              f"compiler {row.get('compiler_ms')} {row.get('error', '')[:120]}", flush=True)
     return rows
 
 
@@ -161,10 +147,8 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         comp = [r for r in rs if r.get("compiler_ms")]
         entry["compiler"] = summary([r["compiler_ms"] for r in comp], [r["measured_ms"] for r in comp])
         # Two configs of one problem whose measured times differ by > 15%: how many each tier orders right.
-        entry["config_pairs_over_15pct"] = {
-            "model": config_pairs(rs, "model_ms"),
-            "compiler": config_pairs(rs, "compiler_ms"),
-        }
+        entry["config_pairs_over_15pct"] = {"model": config_pairs(rs, "model_ms"),
+                                            "compiler": config_pairs(rs, "compiler_ms")}
         out[key] = entry
     return out
 
@@ -181,14 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.tutorials_only:
         rows = tutorial_rows(compile_=args.compile > 0, split=args.split)
         name = "fidelity-tutorials" + ("-train" if args.split == "train" else "")
-        write_results(
-            args.out,
-            name,
-            argv if argv is not None else sys.argv[1:],
-            script="fidelity_tokamax.py",
-            summary=aggregate(rows),
-            points=rows,
-        )
+        write_results(args.out, name, argv if argv is not None else sys.argv[1:], script="fidelity_tokamax.py",
+                      summary=aggregate(rows), points=rows)
         return 0
     points, notes = load_points()
     if args.write_split:
@@ -201,27 +179,15 @@ def main(argv: list[str] | None = None) -> int:
         compile_ = CHIPS[p.device] == "v5e" and compiled[(p.device, p.op)] < args.compile
         compiled[(p.device, p.op)] += compile_
         digest = hashlib.sha256(f"{p.key}/{p.config}".encode()).hexdigest()[:10]
-        base = {
-            "source": "tokamax",
-            "family": p.family,
-            "device": p.device,
-            "op": p.op,
-            "split": p.split,
-            "key": p.key,
-            "config": p.config,
-            "measured_ms": p.measured_ms,
-            "tier": "measured (tokamax XProf)",
-        }
+        base = {"source": "tokamax", "family": p.family, "device": p.device, "op": p.op, "split": p.split,
+                "key": p.key, "config": p.config, "measured_ms": p.measured_ms, "tier": "measured (tokamax XProf)"}
         try:
             row = run_point(module_for(p), f"/tmp/pallasopt_fidelity/{p.op}_{digest}.py", CHIPS[p.device], compile_)
         except Exception as e:
             row = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
         rows.append({**base, **row})
-        print(
-            f"{p.device} {p.family} measured {p.measured_ms:.3f} ms model {row.get('model_ms', float('nan')):.3f} "
-            f"compiler {row.get('compiler_ms')} {row.get('error', '')[:120]}",
-            flush=True,
-        )
+        print(f"{p.device} {p.family} measured {p.measured_ms:.3f} ms model {row.get('model_ms', float('nan')):.3f} "
+              f"compiler {row.get('compiler_ms')} {row.get('error', '')[:120]}", flush=True)
     write_results(
         args.out,
         "fidelity-tokamax",

@@ -17,6 +17,7 @@ The fitted value is `Chip.hbm_efficiency` (cost_model/hardware.py); run this wit
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -124,13 +125,19 @@ def points(report: dict[str, Any], data: dict[str, dict[str, Any]]) -> list[Poin
 P_GRID = (2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, math.inf)  # `Chip.overlap_p` candidates; inf is max(S, F / eff)
 
 
-def joined(s: float, f: float, eff: float, p: float = math.inf) -> float:
-    """The tier's time from its static part and its floor at datasheet bandwidth (`Chip.compiler_time`)."""
+@functools.cache
+def _chip(p: float) -> Any:
+    """v5e with `overlap_p` = p: one per grid value, not one per point evaluated."""
     from dataclasses import replace
 
     from pallasopt.cost_model.hardware import get_chip
 
-    return replace(get_chip("v5e"), overlap_p=p).compiler_time(s, f / eff)
+    return replace(get_chip("v5e"), overlap_p=p)
+
+
+def joined(s: float, f: float, eff: float, p: float = math.inf) -> float:
+    """The tier's time from its static part and its floor at datasheet bandwidth (`Chip.compiler_time`)."""
+    return float(_chip(p).compiler_time(s, f / eff))
 
 
 def error(eff: float, pts: Sequence[Point], p: float = math.inf) -> float:

@@ -48,23 +48,8 @@ def main() -> int:
     kernel = tmp / Path(args.kernel).name
     kernel.write_text(Path(args.kernel).read_text())
     db = tmp / "k.db"
-    cmd = [
-        sys.executable,
-        "-m",
-        "pallasopt.cli",
-        "run",
-        str(kernel),
-        "--beam",
-        "4",
-        "--depth",
-        "3",
-        "--no-compile",
-        "--db",
-        str(db),
-        "--json",
-        "--resume",
-        *executor,
-    ]
+    cmd = [sys.executable, "-m", "pallasopt.cli", "run", str(kernel), "--beam", "4", "--depth", "3", "--no-compile",
+           "--db", str(db), "--json", "--resume", *executor]
     seen: set[tuple[int, str, str]] = set()
     lost_total = 0
     for i in range(args.kills):

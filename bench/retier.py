@@ -11,7 +11,8 @@ the compiler, the old recipe at the new tier against the new run's best (same ti
 are re-timed by today's model outright (no compile involved).
 
 Only for runs whose compiler tier differs in the floor alone (the same libtpu, the same step excess) and joins the
-two parts by max (`Chip.overlap_p` infinite; it refuses otherwise); the script checks the old floor it recomputes with the efficiency at 1.0 against the old time (never below it).
+two parts by max (`Chip.overlap_p` infinite; it refuses otherwise); the script checks the old floor it recomputes
+with the efficiency at 1.0 against the old time (never below it).
 """
 
 from __future__ import annotations

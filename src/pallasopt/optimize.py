@@ -389,7 +389,7 @@ def _finish(
 ) -> Result:
     tier = outcome.score_tier
     t0 = time.perf_counter()
-    best, gate_notes = _target_gate(outcome, evaluator, tier, chip.name)
+    best, gate_notes = _target_gate(outcome, evaluator, chip.name)
     seeds = final_seeds(config.seed)
     final: TierResult = evaluator.check(best.ir, seeds) if best.ir is not None else TierResult("check", False)
     final_s = time.perf_counter() - t0
@@ -436,9 +436,7 @@ def _finish(
 GATE_TRIES = 3  # verified candidates the target-compile gate tries, best first, before it keeps the baseline
 
 
-def _target_gate(
-    outcome: SearchOutcome, evaluator: CachedEvaluator, tier: str, target: str
-) -> tuple[Node, tuple[str, ...]]:
+def _target_gate(outcome: SearchOutcome, evaluator: CachedEvaluator, target: str) -> tuple[Node, tuple[str, ...]]:
     """The result: the best verified candidate that compiles for the target at the module's default dims
     (`Tiers.target_compile`; the compiler tier compiles at reduced dims, a model-ranked search not at all), trying
     up to `GATE_TRIES` in rank order, else the baseline; and a note per candidate it refused. Without a compiler
@@ -447,11 +445,7 @@ def _target_gate(
     best = outcome.best
     if best is outcome.baseline or best.ir is None:
         return best, ()
-    ranked = sorted(
-        (n for n in outcome.nodes.values() if n.passed("check") and n.ir is not None and score_of(n, tier)),
-        key=lambda n: (score_of(n, tier).time_s or 0.0, len(n.recipe), n.spec),  # type: ignore[union-attr]
-    )
-    ranked = [best, *(n for n in ranked if n is not best)][:GATE_TRIES]
+    ranked = [best, *(n for n in outcome.verified if n is not best)][:GATE_TRIES]  # the search's own order
     notes: list[str] = []
     for n in ranked:
         assert n.ir is not None

@@ -17,7 +17,8 @@ from .rows import Estimate
 
 # Bump when the estimate method changes: it keys the estimate cache (3: the MXU floor; 4: the HBM floor from the
 # compiled program's HBM traffic, not XLA's bytes accessed; 5: that floor at the chip's delivered bandwidth,
-# `Chip.hbm_efficiency`, which the key also holds).
+# `Chip.hbm_efficiency`, which the key also holds; 6: static and floor joined by `Chip.compiler_time`, the floor at
+# `Chip.floor_chip`'s bandwidth; the key holds `overlap_p` and `compiler_hbm_efficiency`).
 ESTIMATE_VERSION = 6
 
 
@@ -49,9 +50,9 @@ def loop_trips(jaxpr: Any) -> tuple[int, bool]:
 def reference_floor(chip: Chip, flops: float, nbytes: float, dtypes: tuple[Any, ...] = ()) -> tuple[float, str]:
     """The least time XLA's reference can take on `chip` (seconds) and what bounds it: `nbytes`, its HBM traffic (the
     compiled program's, `hlo_traffic.hbm_traffic_bytes`, at least its inputs and outputs: `io_bytes`), over the HBM
-    bandwidth the chip delivers by the compiler tier's fit (`Chip.floor_chip`: as for our kernels' floor), or its FLOPs (XLA's cost analysis: 2 per
-    multiply-add, elementwise ones too) at the chip's fastest matmul rate for its inputs' dtypes (bf16's, or the
-    8-bit rate where an input is 8-bit). libtpu's static profile
+    bandwidth the chip delivers by the compiler tier's fit (`Chip.floor_chip`: as for our kernels' floor), or its
+    FLOPs (XLA's cost analysis: 2 per multiply-add, elementwise ones too) at the chip's fastest matmul rate for its
+    inputs' dtypes (bf16's, or the 8-bit rate where an input is 8-bit). libtpu's static profile
     of an XLA convolution can come out under both (fused_21_causal_conv1d_silu, v5e: the profile said 0.215 ms, the
     HBM floor, for 137 GFLOP that take >= 0.70 ms at 197 TFLOP/s), so neither the profile nor the HBM floor alone.
 

@@ -79,7 +79,8 @@ def render_markdown(rows: Sequence[Row], summary: Mapping[str, Any], meta: Mappi
         f"Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}. Wall: {meta['wall_s']:.0f} s.",
         "",
         f"Tiers: [C] compiler estimate (libtpu static schedule for {chip}, no TPU; joined with the HBM bytes/bandwidth "
-        f"floor: max, or the chip's fitted p-norm), [M] roofline model, [H] measured on {chip}. Ratios only between times of the same tier.",
+        f"floor: max, or the chip's fitted p-norm), [M] roofline model, [H] measured on {chip}. Ratios only between "
+        "times of the same tier.",
         "",
         "| summary | |",
         "| --- | --- |",

@@ -678,14 +678,11 @@ class Funnel:
         return sorted(ok, key=self.rank_key)
 
     def outcome(self, stop: str, strategy: str = "beam") -> SearchOutcome:
-        best = min(
-            (n for n in self.nodes.values() if n.passed("check") and self.key(n) < float("inf")),
-            key=self.rank_key,
-            default=self.root,
-        )
+        verified = self.verified()
         return SearchOutcome(
             baseline=self.root,
-            best=best,
+            best=verified[0] if verified else self.root,
+            verified=tuple(verified),
             nodes=self.nodes,
             score_tier=self.score_tier,
             stop_reason=stop,

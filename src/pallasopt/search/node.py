@@ -80,6 +80,7 @@ class SearchOutcome:
     spend: dict[str, TierSpend]
     events: list[str] = field(default_factory=list)
     strategy: str = "beam"
+    verified: tuple[Node, ...] = ()  # every verified node, best first (`Funnel.verified`; `best` is the first)
 
     def score(self, node: Node) -> Score | None:
         return score_of(node, self.score_tier)
