@@ -107,6 +107,45 @@ def test_retile_aligns_a_reduction_consumer_first() -> None:
     assert new.recipe == ("fuse{producer=0,retile=true}",)
 
 
+def test_elementwise_consumer_through_a_reshape_to_rows() -> None:
+    """The consumer reads the producer's (B, S, N) output as (B * S, N) rows with per-column (1, N) rows: it runs on
+    the producer's blocks, its rows follow their last dim, and the fused result is reshaped back to rows."""
+    ir = load("reshape_rows")
+    assert FusePass.choices(ir, V5E) == (FusePass(producer=0),)
+    new = FusePass(producer=0).apply(ir)
+    (fused,) = new.calls
+    assert fused.grid == (2, 4)
+    assert fused.outputs[0].shape == (2, 256, 256) and fused.outputs[0].dtype == "bfloat16"
+    assert [o.block_shape for o in fused.inputs[2:]] == [(1, 256), (1, 256)]
+    assert ".reshape((B * S, N))" in new.source and "*rows" in new.source
+    assert "pltpu.VMEM((TS, N), jnp.float32)" in new.source  # written in names: right at any size
+
+
+@pytest.mark.parametrize(
+    ("edits", "why"),
+    [
+        ({"jnp.reshape(h, (B * S, N))": "jnp.reshape(h, (B * S * 2, N // 2))"}, r"reshaped \(2, 256, 256\)"),
+        (
+            {
+                "(h_ref, s_ref, b_ref, o_ref)": "(h_ref, s_ref, b_ref, r_ref, o_ref)",
+                "+ b_ref[...]": "+ b_ref[...] + r_ref[...]",
+                "vec, vec]": "vec, vec, pl.BlockSpec((TM, TN), lambda i, j: (i, j))]",
+                "*rows)": "*rows, jnp.reshape(x[..., :1] * 0 + 1, (B * S, 1)) * jnp.ones((1, N)))",
+            },
+            "in3 are read in rows too",
+        ),
+    ],
+)
+def test_reshape_declines(edits: dict[str, str], why: str) -> None:
+    path = KERNELS / "reshape_rows.py"
+    text = path.read_text()
+    for old, new in edits.items():
+        assert old in text
+        text = text.replace(old, new)
+    with pytest.raises(PassNotApplicable, match=why):
+        FusePass(producer=0).apply(KernelIR.from_source(text, str(path)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "recipes"),
@@ -115,6 +154,7 @@ def test_retile_aligns_a_reduction_consumer_first() -> None:
         ("ragged_rowsum", ["fuse{producer=0}"]),
         ("two_producers", ["fuse{producer=1}", "fuse{producer=1},fuse{producer=0}"]),
         ("helpers_with_keywords", ["fuse{producer=0}"]),
+        ("reshape_rows", ["fuse{producer=0}"]),
     ],
 )
 def test_fused_kernels_match_the_reference(name: str, recipes: list[str]) -> None:

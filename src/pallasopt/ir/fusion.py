@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import KernelError, PassNotApplicable, check
-from .facts import CallFacts
+from .facts import CallFacts, Operand
 from .kernel_ir import KernelIR
 from .trace import enclosing_jaxpr, find_pallas_call_chains, trace_entry
 
@@ -23,6 +24,9 @@ class Link:
     sigma: tuple[int, ...]
     inner: tuple[int, ...]
     reblock: bool = False  # an elementwise consumer adopts the producer's blocks (and grid extents)
+    # The consumer reads the output through a wrapper reshape to rows (`y.reshape(rows, C)`) of this shape: its
+    # elementwise body runs on the producer's blocks, its per-column rows (1, C) follow the blocks' last dim.
+    reshaped: tuple[int, ...] | None = None
 
     @property
     def order(self) -> tuple[int, ...]:
@@ -52,9 +56,19 @@ def plain_call(call: CallFacts, who: str) -> None:
         check(o.index_map.affine is not None, f"the {who}'s {o.name} index map is not affine")
 
 
-def dataflow(ir: KernelIR, producer: int) -> tuple[int, int]:
-    """(consumer call, its operand) reading the producer's only output, when that output feeds one later call
-    directly and nothing else (no other call, wrapper op or result reads it)."""
+@dataclass(frozen=True)
+class Flow:
+    """Consumer call `consumer` reads the producer's only output as its input `operand`, directly or through one
+    wrapper reshape to `reshaped` (merging leading dims, the last dim kept)."""
+
+    consumer: int
+    operand: int
+    reshaped: tuple[int, ...] | None = None
+
+
+def dataflow(ir: KernelIR, producer: int) -> Flow:
+    """How one later call reads the producer's only output: directly, or through a wrapper reshape that merges the
+    leading dims and keeps the last (nothing else, no other call, wrapper op or result reads it)."""
     check(ir.workload is not None, "the kernel module is not loaded")
     assert ir.workload is not None
     top = trace_entry(ir.workload).jaxpr
@@ -64,15 +78,29 @@ def dataflow(ir: KernelIR, producer: int) -> tuple[int, int]:
     p_eqn = chains[producer][-1]
     check(len(p_eqn.outvars) == 1, "the producer has several outputs")
     out = p_eqn.outvars[0]
-    readers = [e for e in jaxpr.eqns if any(v is out for v in e.invars)]
-    check(all(v is not out for v in jaxpr.outvars), "the producer's output is also a result (it must reach HBM)")
+    reshaped: tuple[int, ...] | None = None
+    readers = _readers(jaxpr, out)
+    if len(readers) == 1 and readers[0].primitive.name == "reshape":
+        old, new = tuple(out.aval.shape), tuple(readers[0].outvars[0].aval.shape)
+        check(
+            readers[0].params.get("dimensions") is None and len(new) == 2 and len(old) > 2 and new[-1] == old[-1],
+            f"the producer's output is reshaped {old} -> {new} (only a merge of leading dims to rows follows it)",
+        )
+        out, reshaped = readers[0].outvars[0], new
+        readers = _readers(jaxpr, out)
+    consumer = next((i for i, ch in enumerate(chains) if len(readers) == 1 and ch[-1] is readers[0]), None)
+    check(consumer is not None or len(readers) != 1, "the producer's output is read by a wrapper op, not a pallas_call")
     check(len(readers) == 1, f"the producer's output is read by {len(readers)} operations, not one pallas_call")
-    consumer = next((i for i, ch in enumerate(chains) if ch[-1] is readers[0]), None)
-    check(consumer is not None, "the producer's output is read by a wrapper op, not a pallas_call")
     assert consumer is not None
     uses = [k for k, v in enumerate(readers[0].invars) if v is out]
     check(len(uses) == 1, "the consumer reads the producer's output twice")
-    return consumer, uses[0]
+    return Flow(consumer, uses[0], reshaped)
+
+
+def _readers(jaxpr: Any, var: Any) -> list[Any]:
+    """The equations reading `var` (declines when it is also a result: it must reach HBM)."""
+    check(all(v is not var for v in jaxpr.outvars), "the producer's output is also a result (it must reach HBM)")
+    return [e for e in jaxpr.eqns if any(v is var for v in e.invars)]
 
 
 def pair_axes(
@@ -110,13 +138,15 @@ def link(ir: KernelIR, producer: int) -> Link:
     p = ir.calls[producer]
     plain_call(p, "producer")
     check(len(p.outputs) == 1, "the producer has several outputs")
-    consumer, operand = dataflow(ir, producer)
-    c = ir.calls[consumer]
+    flow = dataflow(ir, producer)
+    c = ir.calls[flow.consumer]
     plain_call(c, "consumer")
-    h, out = c.inputs[operand], p.outputs[0]
+    h, out = c.inputs[flow.operand], p.outputs[0]
+    if flow.reshaped is not None:
+        return _reshaped_link(p, c, flow)
     reblock = h.block_shape != out.block_shape
     if reblock:
-        why = not_elementwise(c, operand)
+        why = not_elementwise(c, flow.operand, rows_ok=True)
         check(
             why is None,
             f"the consumer reads blocks {h.block_shape} of the producer's {out.block_shape} blocks and {why}: "
@@ -132,7 +162,30 @@ def link(ir: KernelIR, producer: int) -> Link:
             f"consumer axis {a} has {c.grid[a]} steps, producer axis {b} has {p.grid[b]}",
         )
     inner = tuple(a for a in range(len(p.grid)) if a not in sigma.values())
-    return Link(p, c, operand, tuple(sigma[a] for a in range(len(c.grid))), inner, reblock)
+    return Link(p, c, flow.operand, tuple(sigma[a] for a in range(len(c.grid))), inner, reblock)
+
+
+def _reshaped_link(p: CallFacts, c: CallFacts, flow: Flow) -> Link:
+    """The link of an elementwise consumer reading the producer's output reshaped to rows: it runs on the producer's
+    blocks, over the producer's grid with the axes the output walks outermost (in their order) and the others (its
+    reductions) innermost."""
+    why = not_elementwise(c, flow.operand, rows_ok=True)
+    check(why is None, f"the consumer reads the producer's output reshaped to {flow.reshaped} and {why}")
+    h = c.inputs[flow.operand]
+    others = [o.name for o in c.inputs if o is not h and not is_column_row(o, h)]
+    check(not others, f"the consumer's {', '.join(others)} are read in rows too: only (1, C) rows follow a reshape")
+    check(len(c.outputs) == 1, "the consumer has several outputs")
+    out = p.outputs[0]
+    assert out.index_map.affine is not None
+    check(out.block_shape[-1] is not None, "the producer's output block squeezes its last dim")
+    walked: list[int] = []
+    for d, row in enumerate(out.index_map.affine):
+        axis = unit_row(row)
+        check(axis is not False, f"the producer's output block dim {d} is not indexed by one axis with stride 1")
+        if isinstance(axis, int) and axis not in walked:
+            walked.append(axis)
+    inner = tuple(a for a in range(len(p.grid)) if a not in walked)
+    return Link(p, c, flow.operand, tuple(walked), inner, reblock=True, reshaped=flow.reshaped)
 
 
 # Primitives whose result at an element depends only on the operands at that element: a body made of these alone
@@ -192,8 +245,9 @@ ELEMENTWISE = frozenset(
 )
 
 
-def not_elementwise(c: CallFacts, operand: int) -> str | None:
-    """Why consumer `c` cannot run on blocks of another shape (None: it is elementwise and can)."""
+def not_elementwise(c: CallFacts, operand: int, rows_ok: bool = False) -> str | None:
+    """Why consumer `c` cannot run on blocks of another shape (None: it is elementwise and can). With `rows_ok`, an
+    operand may also be a per-column row (`is_column_row`): it then follows the blocks' last dim."""
     h = c.inputs[operand]
     other = sorted(set(c.body.primitives) - ELEMENTWISE)
     if other:
@@ -201,9 +255,25 @@ def not_elementwise(c: CallFacts, operand: int) -> str | None:
     if c.scratch or c.body.program_id_axes:
         return "it uses scratch or program_id"
     for o in c.operands:
-        if (o.shape, o.block_shape, o.index_map.affine) != (h.shape, h.block_shape, h.index_map.affine):
-            return f"its {o.name} is not blocked like the producer's output"
+        if (o.shape, o.block_shape, o.index_map.affine) == (h.shape, h.block_shape, h.index_map.affine):
+            continue
+        if rows_ok and o.role == "in" and is_column_row(o, h):
+            continue
+        return f"its {o.name} is not blocked like the producer's output"
     return None
+
+
+def is_column_row(o: Operand, h: Operand) -> bool:
+    """`o` is a (1, C) row read beside (rows, C) blocks of `h`: block (1, b) walking C as `h`'s last dim does, or
+    the whole row; a body broadcasting it against `h`'s blocks computes the same values against blocks of any
+    shape ending in the same columns."""
+    if len(o.shape) != 2 or len(h.shape) != 2 or o.shape != (1, h.shape[-1]) or o.index_map.affine is None:
+        return False
+    assert h.index_map.affine is not None
+    row0, row1 = o.index_map.affine
+    same_cols = o.block_shape[1] == h.block_shape[1] and tuple(row1) == tuple(h.index_map.affine[1])
+    whole = o.block_shape[1] == o.shape[1] and not any(row1)
+    return o.block_shape[0] == 1 and not any(row0) and (same_cols or whole)
 
 
 def fusable(ir: KernelIR, producer: int) -> str | None:

@@ -406,11 +406,13 @@ class CallSite:
 
     apply: cst.Call
     operands: tuple[cst.BaseExpression, ...]
+    star: cst.BaseExpression | None = None  # a last `*rest` argument (only with `trailing_star`)
 
 
-def call_site(loc: Located, call: cst.Call) -> CallSite | None:
+def call_site(loc: Located, call: cst.Call, trailing_star: bool = False) -> CallSite | None:
     """The application of pallas_call node `call` to its operands (None when it is not applied right there or
-    through exactly one local name in the same function, or is applied with keywords or `*args`)."""
+    through exactly one local name in the same function, or is applied with keywords or `*args`; with
+    `trailing_star`, a last `*rest` argument is allowed and kept apart as `star`)."""
     parent = loc.parent(call)
     applying: cst.Call | None = None
     if isinstance(parent, cst.Call) and parent.func is call:
@@ -425,9 +427,13 @@ def call_site(loc: Located, call: cst.Call) -> CallSite | None:
             if isinstance(c, cst.Call) and loc.start(c)[0] > loc.start(call)[0]
         ]
         applying = uses[0] if len(uses) == 1 else None
-    if applying is None or any(a.keyword is not None or a.star for a in applying.args):
+    if applying is None:
         return None
-    return CallSite(apply=applying, operands=tuple(a.value for a in applying.args))
+    args = list(applying.args)
+    star = args.pop().value if trailing_star and args and args[-1].star == "*" else None
+    if any(a.keyword is not None or a.star for a in args):
+        return None
+    return CallSite(apply=applying, operands=tuple(a.value for a in args), star=star)
 
 
 @dataclass(frozen=True)
@@ -456,9 +462,10 @@ def input_site(module: cst.Module, calls: Sequence[CallFacts], call: int, operan
     loc = Located.of(module)
     node, kernel, refs = call_kernel(loc, facts, n_refs, through_lambda=True)
     check(len(refs) == n_refs, "the kernel's positional parameters do not match its refs")
-    site = call_site(loc, node)
+    site = call_site(loc, node, trailing_star=True)  # `*rest` after the operand: the rewrite leaves it as is
     check(site is not None, "the pallas_call is not applied to positional operands in place")
     assert site is not None
+    check(operand < len(site.operands), f"input {operand} is passed through a `*args` argument")
     return InputSite(loc, node, kernel, refs, site, kernel_path(loc, node)[1])
 
 

@@ -4,7 +4,7 @@ block in VMEM."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import libcst as cst
@@ -32,7 +32,7 @@ from ..ir.cst_edit import (
     with_keyword_only,
 )
 from ..ir.facts import CallFacts, Operand
-from ..ir.fusion import Link, dataflow, fusable, link, unit_row
+from ..ir.fusion import Link, dataflow, fusable, is_column_row, link, unit_row
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     PROGRAM_ID,
@@ -121,8 +121,10 @@ def _retiled(ir: KernelIR, producer: int) -> KernelIR:
     output in the producer's blocks: per block dim, the consumer's knob takes the producer's size, or else the
     producer's knob takes the consumer's (a row-wise consumer of whole rows makes the producer tile whole rows)."""
     p = ir.calls[producer]
-    consumer, operand = dataflow(ir, producer)
-    h, out = ir.calls[consumer].inputs[operand], p.outputs[0]
+    flow = dataflow(ir, producer)
+    check(flow.reshaped is None, "the consumer reads the producer's output reshaped")
+    consumer = flow.consumer
+    h, out = ir.calls[consumer].inputs[flow.operand], p.outputs[0]
     assert h.index_map.affine is not None and out.index_map.affine is not None
     knobs = knobs_of(ir)
     wanted: dict[int, dict[str, int]] = {consumer: {}, producer: {}}
@@ -339,16 +341,16 @@ def _fused_call(
     p, c = lk.producer, lk.consumer
     module = loc.wrapper.module
     names = module_names(module)
-    p_site, c_site = call_site(loc, p_node), call_site(loc, c_node)
+    p_site, c_site = call_site(loc, p_node), call_site(loc, c_node, trailing_star=True)
     check(p_site is not None and c_site is not None, "a pallas_call is not applied to positional operands in place")
     assert p_site is not None and c_site is not None
+    check(lk.operand < len(c_site.operands), "the consumer reads the producer's output through `*args`")
     p_ops, defaults = _operands_in_consumer_scope(
         loc, lk, p_site.operands, p_node, c_node, c_site.operands[lk.operand], edits
     )
     c_ops = [o for i, o in enumerate(c_site.operands) if i != lk.operand]
     grid_names = [f"g{i}" for i in range(len(lk.order))]
     p_axis = {a: i for i, a in enumerate(lk.order)}
-    c_axis = {a: a for a in range(len(c.grid))}
     p_specs = spec_list(loc, p_node, "in_specs")
     c_specs = spec_list(loc, c_node, "in_specs")
     c_outs = spec_list(loc, c_node, "out_specs")
@@ -360,28 +362,21 @@ def _fused_call(
     same_fn = enclosing_function(loc, p_node) is enclosing_function(loc, c_node)
     p_names = scope_names if same_fn else names
     in_specs = [_spec(s, o, grid_names, p_axis, p_names) for s, o in zip(p_specs, p.inputs, strict=True)]
-    c_block = None
-    if lk.reblock:  # the consumer's operands take the producer's output block
-        p_out_spec = spec_list(loc, p_node, "out_specs")
-        shape, _ = blockspec_parts(p_out_spec[0] if len(p_out_spec) == 1 else None)
-        c_block = block_text(shape, p.outputs[0].block_shape, p_names)
-    # Reblocked (elementwise) consumer operands are blocked exactly like the producer's output.
-    like = (lambda o: p.outputs[0]) if lk.reblock else (lambda o: o)
-    axis_of = p_axis if lk.reblock else c_axis
-    in_specs += [
-        _spec(s, like(o), grid_names, axis_of, scope_names, c_block)
-        for i, (s, o) in enumerate(zip(c_specs, c.inputs, strict=True))
-        if i != lk.operand
-    ]
-    out_specs = [
-        _spec(s, like(o), grid_names, axis_of, scope_names, c_block) for s, o in zip(c_outs, c.outputs, strict=True)
-    ]
-    grid = _grid(loc, lk, p_node, c_node, p_ops, names)
+    c_spec = _consumer_spec(loc, lk, p_node, grid_names, p_axis, scope_names, p_names)
+    in_specs += [c_spec(s, o) for i, (s, o) in enumerate(zip(c_specs, c.inputs, strict=True)) if i != lk.operand]
+    out_specs = [c_spec(s, o) for s, o in zip(c_outs, c.outputs, strict=True)]
+    grid = _grid(loc, lk, p_node, c_node, p_ops, p_names if same_fn else names)
     scratch = [*_scratch(loc, p_node, p, p_names, defaults), *_scratch(loc, c_node, c, scope_names)]
     out = p.outputs[0]
     p_out_specs = spec_list(loc, p_node, "out_specs")
     if None in out.block_shape:  # squeezed dims: the kernel sees the block without them, and so is the scratch
-        block = code(tuple_expr([str(b) for b in out.block_shape if b is not None]))
+        written, _ = blockspec_parts(p_out_specs[0] if len(p_out_specs) == 1 else None)
+        kept = [e.value for e in written.elements] if isinstance(written, cst.Tuple | cst.List) else []
+        texts = [str(b) for b in _kept(out)]  # the traced sizes, unless the spec writes them in names it can read
+        if len(kept) == len(out.block_shape):
+            kept = [e for e, b in zip(kept, out.block_shape, strict=True) if b is not None]
+            texts = [code(e) if portable(e, p_names) else t for e, t in zip(kept, texts, strict=True)]
+        block = code(tuple_expr(texts))
     else:
         block = block_text(blockspec_parts(p_out_specs[0])[0] if p_out_specs else None, out.block_shape, p_names)
     scratch.append(cst.parse_expression(f"{pltpu}.VMEM({block}, {module_alias(module, 'jax.numpy')}.{out.dtype})"))
@@ -389,7 +384,12 @@ def _fused_call(
     assert out_arg is not None
     single_out = not isinstance(resolve(loc, c_node, out_arg.value), cst.List | cst.Tuple)
     in_arg = keyword(c_node, "in_specs")
+    reshape_to = None
+    if lk.reshaped is not None:  # the fused call writes the producer's shape; the wrapper reshapes it back to rows
+        reshape_to, struct = _rows_out_shape(loc, p_node, c_node, p_names, scope_names)
+        set_out_shape = {"out_shape": struct}
     new_kw: dict[str, cst.BaseExpression] = {
+        **(set_out_shape if reshape_to is not None else {}),
         "grid": grid,
         "in_specs": list_like(in_arg.value if in_arg is not None else None, in_specs),
         "out_specs": out_specs[0] if single_out else list_like(out_arg.value, out_specs),
@@ -405,13 +405,81 @@ def _fused_call(
     for key, value in new_kw.items():
         new_call = set_keyword(new_call, key, value)
     apply_args = [cst.Arg(o) for o in (*p_ops, *c_ops)]
+    if c_site.star is not None:  # `*rest` holds the consumer's last operands, read as they were
+        apply_args.append(cst.Arg(c_site.star, star="*"))
     check(c_site.apply not in edits, "the consumer's operands and call overlap the producer's")
     applied = c_site.apply.with_changes(args=apply_args)
     if c_site.apply.func is c_node:
-        edits[c_site.apply] = applied.with_changes(func=new_call)
+        applied = applied.with_changes(func=new_call)
     else:
-        edits[c_site.apply] = applied
         edits[c_node] = new_call
+    if reshape_to is not None:
+        applied = cst.Call(func=cst.Attribute(value=applied, attr=cst.Name("reshape")), args=[cst.Arg(reshape_to)])
+    edits[c_site.apply] = applied
+
+
+def _kept(o: Operand) -> list[int]:
+    """The block's sizes the kernel sees (squeezed dims dropped)."""
+    return [b for b in o.block_shape if b is not None]
+
+
+def _consumer_spec(
+    loc: Located,
+    lk: Link,
+    p_node: cst.Call,
+    grid_names: Sequence[str],
+    p_axis: dict[int, int],
+    scope_names: set[str],
+    p_names: set[str],
+) -> Any:
+    """How each consumer operand's BlockSpec reads over the fused grid: as it was (its blocks kept), or, for a
+    reblocked (elementwise) consumer, blocked exactly like the producer's output, and its per-column rows (1, C)
+    following the output blocks' last dim."""
+    p, c = lk.producer, lk.consumer
+    out, h = p.outputs[0], c.inputs[lk.operand]
+    if not lk.reblock:
+        c_axis = {a: a for a in range(len(c.grid))}
+        return lambda s, o: _spec(s, o, grid_names, c_axis, scope_names)
+    p_out_spec = spec_list(loc, p_node, "out_specs")
+    shape, _ = blockspec_parts(p_out_spec[0] if len(p_out_spec) == 1 else None)
+    c_block = block_text(shape, out.block_shape, p_names)
+    last = shape.elements[-1].value if isinstance(shape, cst.Tuple | cst.List) and shape.elements else None
+    last_text = code(last) if last is not None and portable(last, p_names) else str(out.block_shape[-1])
+    assert out.index_map.affine is not None
+    width = len(out.index_map.affine[-1])
+    row = replace(
+        out,
+        shape=(1, out.shape[-1]),
+        block_shape=(1, out.block_shape[-1]),
+        index_map=replace(out.index_map, affine=((0,) * width, out.index_map.affine[-1])),
+    )
+
+    def spec(s: cst.BaseExpression | None, o: Operand) -> cst.Call:
+        like_h = (o.shape, o.block_shape, o.index_map.affine) == (h.shape, h.block_shape, h.index_map.affine)
+        if o.role == "in" and not like_h and is_column_row(o, h):
+            return _spec(s, row, grid_names, p_axis, scope_names, f"(1, {last_text})")
+        return _spec(s, out, grid_names, p_axis, scope_names, c_block)
+
+    return spec
+
+
+def _rows_out_shape(
+    loc: Located, p_node: cst.Call, c_node: cst.Call, p_names: set[str], scope_names: set[str]
+) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+    """For a consumer that read the producer's output reshaped to rows: (the consumer's own result shape, which
+    the fused result is reshaped back to, and its out_shape with the producer's shape and the consumer's dtype)."""
+    structs = []
+    for node, who, names in ((p_node, "producer", p_names), (c_node, "consumer", scope_names)):
+        arg = keyword(node, "out_shape")
+        value = resolve(loc, node, arg.value) if arg is not None else None
+        ok = isinstance(value, cst.Call) and len(value.args) >= 2 and all(a.keyword is None for a in value.args[:2])
+        check(ok, f"the {who}'s out_shape is not a ShapeDtypeStruct(shape, dtype)")
+        assert isinstance(value, cst.Call)
+        check(portable(value.args[0].value, names), f"the {who}'s out_shape reads names the fused call cannot")
+        structs.append(value)
+    p_struct, c_struct = structs
+    new = c_struct.with_changes(args=[p_struct.args[0], *c_struct.args[1:]])
+    return c_struct.args[0].value, new
 
 
 def _kernel_expr(
@@ -445,6 +513,8 @@ def _operands_in_consumer_scope(
     """The producer's operands as the consumer's function can name them (with the defaults of the producer helper's
     parameters its call leaves out), and the edit that keeps (or drops) the producer's result in the wrapper."""
     c_fn, p_fn = enclosing_function(loc, c_node), enclosing_function(loc, p_node)
+    if lk.reshaped is not None:  # `y.reshape(rows, C)` or `jnp.reshape(y, (rows, C))`: the intermediate is `y`
+        h_expr = _reshaped_name(loc, h_expr)
     value: cst.BaseExpression | None = h_expr
     if (
         isinstance(h_expr, cst.Name)
@@ -479,6 +549,17 @@ def _operands_in_consumer_scope(
         )
         return list(p_ops), {}
     return _producer_operands(value, p_fn, p_ops)
+
+
+def _reshaped_name(loc: Located, expr: cst.BaseExpression) -> cst.Name:
+    """The name reshaped in the consumer's operand `expr` (`y.reshape(...)` or `jnp.reshape(y, ...)`)."""
+    name: cst.BaseExpression | None = None
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "reshape":
+        jnp = module_alias(loc.wrapper.module, "jax.numpy")
+        name = expr.args[0].value if jnp is not None and code(expr.func) == f"{jnp}.reshape" else expr.func.value
+    check(isinstance(name, cst.Name), f"the consumer's operand {code(expr)} is not a reshape of a named result")
+    assert isinstance(name, cst.Name)
+    return name
 
 
 def _producer_operands(
@@ -591,8 +672,32 @@ def _grid(
     axes = lk.inner if not lk.reblock else lk.order
     p_specs = spec_list(loc, p_node, "in_specs")
     for axis in axes:
-        items.append(_extent(loc, lk.producer, axis, p_specs, p_ops, names))
+        items.append(
+            _extent(loc, lk.producer, axis, p_specs, p_ops, names) or _out_extent(loc, lk, p_node, axis, names)
+        )
     return tuple_expr(items)
+
+
+def _out_extent(loc: Located, lk: Link, p_node: cst.Call, axis: int, names: set[str]) -> cst.BaseExpression:
+    """`pl.cdiv(n, block)` for a producer axis only its output walks, read from the producer's out_shape and
+    output block as written (both must read names the fused call can; else the fusion is declined: a literal would
+    hold only at the traced dims)."""
+    out = lk.producer.outputs[0]
+    assert out.index_map.affine is not None
+    dims = [d for d, row in enumerate(out.index_map.affine) if unit_row(row) == axis]
+    arg = keyword(p_node, "out_shape")
+    struct = resolve(loc, p_node, arg.value) if arg is not None else None
+    shape = struct.args[0].value if isinstance(struct, cst.Call) and struct.args else None
+    p_out = spec_list(loc, p_node, "out_specs")
+    block, _ = blockspec_parts(p_out[0] if len(p_out) == 1 else None)
+    ok = bool(dims) and all(isinstance(t, cst.Tuple | cst.List) for t in (shape, block))
+    check(ok, f"no producer input walks its grid axis {axis}, and its out_shape and block are not literal tuples")
+    assert isinstance(shape, cst.Tuple | cst.List) and isinstance(block, cst.Tuple | cst.List)
+    n, b = shape.elements[dims[0]].value, block.elements[dims[0]].value
+    check(portable(n, names) and portable(b, names), f"the producer's grid axis {axis} follows names of its function")
+    if out.block_shape[dims[0]] is None:  # a squeezed dim: one block per index
+        return n
+    return cst.parse_expression(f"{pl_alias(loc.wrapper.module)}.cdiv({code(n)}, {code(b)})")
 
 
 def _extent(
@@ -602,25 +707,29 @@ def _extent(
     p_specs: Sequence[cst.BaseExpression | None],
     p_ops: Sequence[cst.BaseExpression],
     names: set[str],
-) -> cst.BaseExpression:
-    """`pl.cdiv(x.shape[d], block)` for the first producer input whose block dim d walks grid `axis`."""
+) -> cst.BaseExpression | None:
+    """`pl.cdiv(x.shape[d], block)` for the first producer input whose block dim d walks grid `axis` (None: no
+    input does)."""
     for i, op in enumerate(p.inputs):
         assert op.index_map.affine is not None
         for d, row in enumerate(op.index_map.affine):
             size = op.block_shape[d]
-            if unit_row(row) != axis or size is None:
+            if unit_row(row) != axis:
                 continue
+            if size is None:  # a squeezed dim: one block per index
+                check(op.shape[d] == p.grid[axis], f"the producer's axis {axis} does not cover input {i}")
+                return cst.parse_expression(f"{code(p_ops[i])}.shape[{d}]")
             check(-(-op.shape[d] // size) == p.grid[axis], f"the producer's axis {axis} does not cover input {i}")
             shape, _ = blockspec_parts(p_specs[i])
             written = shape.elements[d].value if isinstance(shape, cst.Tuple | cst.List) else None
             text = code(written) if written is not None and portable(written, names) else str(size)
             return cst.parse_expression(f"{pl_alias(loc.wrapper.module)}.cdiv({code(p_ops[i])}.shape[{d}], {text})")
-    # No input walks the axis (its maps hold it constant as written): neither the extent nor the fused index maps
-    # could follow it at a size where it has more steps (a literal 1 would reduce only the first block there, and the
-    # oracle's dims never exceed the defaults), so the fusion is declined. A one-step axis a map walks as written
-    # (a whole-K block) has its coefficient: `trace._fit_affine` probes index 1 on it.
-    check(False, f"no producer input walks its grid axis {axis}")
-    raise AssertionError
+    # No input walks the axis (its maps hold it constant as written): the extent is read from the output
+    # (`_out_extent`), or, for a reduction axis no block walks, the fusion is declined: neither the extent nor the
+    # fused index maps could follow it at a size where it has more steps (a literal 1 would reduce only the first
+    # block there, and the oracle's dims never exceed the defaults). A one-step axis a map walks as written (a
+    # whole-K block) has its coefficient: `trace._fit_affine` probes index 1 on it.
+    return None
 
 
 def _scratch(
@@ -651,7 +760,7 @@ def _verify(before: KernelIR, after: KernelIR, lk: Link) -> None:
     got = after.calls[lk.consumer.index - 1]
     want_grid = tuple(lk.producer.grid[a] for a in lk.order)
     check(got.grid == want_grid, f"the fused call traced to grid {got.grid}, not {want_grid}")
-    check(
-        [(o.shape, o.dtype) for o in got.outputs] == [(o.shape, o.dtype) for o in lk.consumer.outputs],
-        "the fused call's outputs differ from the consumer's",
-    )
+    want = [(o.shape, o.dtype) for o in lk.consumer.outputs]
+    if lk.reshaped is not None:  # written in the producer's shape, reshaped back to rows in the wrapper
+        want = [(lk.producer.outputs[0].shape, o.dtype) for o in lk.consumer.outputs]
+    check([(o.shape, o.dtype) for o in got.outputs] == want, "the fused call's outputs differ from the consumer's")

@@ -257,7 +257,7 @@ class PadInKernelPass(Pass):
         edits: dict[cst.CSTNode, cst.CSTNode] = (
             {shape: new_shape} if where is spec else {where: spec.deep_replace(shape, new_shape)}
         )
-        site = call_site(loc, node)
+        site = call_site(loc, node, trailing_star=True)
         assert site is not None
         edits[site.operands[self.operand]] = cst.Name(padded.source)
         dead = dead_assignment(loc, site.operands[self.operand], padded.pad)
