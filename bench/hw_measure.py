@@ -355,7 +355,9 @@ def _bench_summary(rows: list[dict[str, Any]], pairs: list[tuple[float, float]],
         "spearman_speedup_tier_vs_h": spearman([a for a, _ in pairs], [b for _, b in pairs]),
         "median_ratio_speedup_tier_over_h": statistics.median(a / b for a, b in pairs) if pairs else None,
         "failed": [r["kernel"] for r in rows if r["best"] and r["best"].get("median_s") and not _usable(r["best"])],
-        "not_timed": [r["kernel"] for r in rows if not (r["baseline"] or {}).get("median_s")],
+        # no time for the naive kernel: it did not compile or run on the chip (the record says why), or no record
+        "not_run": [r["kernel"] for r in rows if r["baseline"] and not r["baseline"].get("median_s")],
+        "not_timed": [r["kernel"] for r in rows if not r["baseline"]],
     }
 
 
@@ -403,7 +405,8 @@ def _markdown(
         "figures (libtpu static estimate / roofline model), for comparison.",
         "",
         f"- kernels timed (naive and best): {s['timed_both']}/{s['kernels']}; wrong on the chip: "
-        f"{', '.join(s['failed']) or 'none'}; not timed (the chip time ran out): {len(s['not_timed'])}",
+        f"{', '.join(s['failed']) or 'none'}; did not run on the chip: {', '.join(s['not_run']) or 'none'}; not "
+        f"timed (no record: the chip time ran out): {len(s['not_timed'])}",
         f"- geomean speedup over the naive kernel [H]: {_x(s['geomean_speedup_h'])}",
         f"- vs the XLA reference [H] ({s['with_xla_h']} kernels): geomean {_x(s['geomean_vs_xla_h'])}; faster on "
         f"{s['faster_than_xla_h']}, slower on {s['slower_than_xla_h']} ({s['slower_by_2pct_h']} by more than 2%)",
