@@ -8,6 +8,7 @@ from typing import Any
 from ..errors import UsageError
 from .accumulate import AccumulateInScratchPass
 from .base import Pass
+from .coarsen import CoarsenPass
 from .cost_estimate import CostEstimatePass
 from .deep_pipeline import PipelinePass
 from .dimension_semantics import DimensionSemanticsPass
@@ -51,6 +52,7 @@ PASSES: tuple[type[Pass], ...] = (
     LayoutPass,
     PadInKernelPass,
     ReshapeInKernelPass,
+    CoarsenPass,
     LaneDensePass,
     LaneDenseStatsPass,
     CostEstimatePass,

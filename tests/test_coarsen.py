@@ -1,0 +1,87 @@
+"""coarsen: a grid axis walking one-row blocks runs `by` rows per step (before/after, declines, every choice
+checked in interpret mode)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pallasopt.cost_model.hardware import get_chip
+from pallasopt.errors import PassNotApplicable
+from pallasopt.harness.check import check_many
+from pallasopt.ir.kernel_ir import KernelIR
+from pallasopt.passes.coarsen import CoarsenPass
+from pallasopt.passes.registry import parse_pipeline
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "kernels" / "coarsen" / "row_prefix.py"
+CONV_BN = ROOT / "bench" / "kernels" / "fused_22_conv_bn_relu.py"
+V5E = get_chip("v5e")
+
+
+def test_spec_round_trips() -> None:
+    (p,) = parse_pipeline("coarsen{call=0,axis=1,by=4}")
+    assert p == CoarsenPass(call=0, axis=1, by=4) and p.spec() == "coarsen{call=0,axis=1,by=4}"
+
+
+def test_rows_per_step_and_the_body_loop() -> None:
+    ir = KernelIR.from_file(FIXTURE)
+    assert CoarsenPass.choices(ir, V5E) == tuple(CoarsenPass(call=0, axis=0, by=r) for r in (2, 4, 8))
+    new = CoarsenPass(call=0, axis=0, by=4).apply(ir)
+    (c,) = new.calls
+    assert c.grid == (16,) and [o.block_shape for o in c.operands] == [(4, 256), (4, 256), (4, 128)]
+    assert c.scratch == ir.calls[0].scratch  # the running sum's scratch is not walked: one row still
+    assert "for r in range(4):" in new.source and "(pl.program_id(0) * 4 + r)" in new.source
+    assert "x_ref[r, :]" in new.source and "acc_ref[0, :]" in new.source and "grid=(M // 4,)" in new.source
+
+
+def _edited(edits: dict[str, str]) -> KernelIR:
+    text = FIXTURE.read_text()
+    for old, new in edits.items():
+        assert old in text
+        text = text.replace(old, new)
+    return KernelIR.from_source(text, str(FIXTURE))
+
+
+@pytest.mark.parametrize(
+    ("edits", "by", "why"),
+    [
+        ({"jnp.abs(x_ref[0, :])": "jnp.abs(x_ref[...])"}, 2, r"x_ref\[...\] is read"),
+        ({"jnp.abs(x_ref[0, :])": "jnp.abs(x_ref[0:1, :])"}, 2, "not at a literal 0"),
+        ({"(s_ref.shape[1],)": "(s_ref.shape[0] * 128,)"}, 2, "grows with the rows"),
+        ({"jnp.abs(x_ref[0, :])": "jnp.abs(_row(x_ref))"}, 2, "other than indexed at a literal row"),
+        ({}, 3, "not a multiple of 3"),
+        ({"pl.BlockSpec((1, 128), lambda i: (i, 0))": "pl.BlockSpec((1, 128), lambda i: (i // 2, 0))"}, 2, "index"),
+    ],
+)
+def test_declines(edits: dict[str, str], by: int, why: str) -> None:
+    if "_row(x_ref)" in edits.get("jnp.abs(x_ref[0, :])", ""):
+        edits = {**edits, "def running_mean": "def _row(ref):\n    return ref[0, :]\n\n\ndef running_mean"}
+    with pytest.raises(PassNotApplicable, match=why):
+        CoarsenPass(call=0, axis=0, by=by).apply(_edited(edits))
+
+
+def test_a_literal_block_axis_is_not_offered() -> None:
+    """fused_22's batchnorm call tiles rows 256 at a time: nothing to coarsen there; its conv's two axes walk
+    one-row blocks (the image, the output row)."""
+    ir = KernelIR.from_file(CONV_BN)
+    got = {(p.call, p.axis) for p in CoarsenPass.choices(ir, V5E) if isinstance(p, CoarsenPass)}
+    assert got == {(0, 0), (0, 1)}
+
+
+@pytest.mark.slow
+def test_every_choice_and_conv_then_fuse_match_the_reference() -> None:
+    """Every choice on the fixture, and fused_22's conv coarsened by 8 rows then fused with its batchnorm (the
+    consumer runs on the finished 8-row block), re-traced and checked in interpret mode."""
+    ir = KernelIR.from_file(FIXTURE)
+    results = [c.apply(ir) for c in CoarsenPass.choices(ir, V5E)]
+    checked = check_many([r.source for r in results], str(FIXTURE))
+    assert all(c.ok for c in checked), [(r.recipe, c.message) for r, c in zip(results, checked, strict=True)]
+    conv = KernelIR.from_file(CONV_BN)
+    both = conv
+    for p in parse_pipeline("coarsen{call=0,axis=1,by=8},fuse{producer=0}"):
+        both = p.apply(both)
+    assert len(both.calls) == 1 and both.calls[0].grid == (32, 7)
+    (c,) = check_many([both.source], str(CONV_BN))
+    assert c.ok, c.message
