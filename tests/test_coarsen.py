@@ -52,6 +52,13 @@ def _edited(edits: dict[str, str]) -> KernelIR:
         ({"(s_ref.shape[1],)": "(s_ref.shape[0] * 128,)"}, 2, "grows with the rows"),
         ({"jnp.abs(x_ref[0, :])": "jnp.abs(_row(x_ref))"}, 2, "other than indexed at a literal row"),
         ({}, 3, "not a multiple of 3"),
+        (
+            {
+                "    s_ref[0, :] = jnp.full(": "    if s_ref.dtype == jnp.int8:\n        return\n    s_ref[0, :] = jnp.full("
+            },
+            2,
+            "returns",
+        ),
         ({"pl.BlockSpec((1, 128), lambda i: (i, 0))": "pl.BlockSpec((1, 128), lambda i: (i // 2, 0))"}, 2, "index"),
     ],
 )

@@ -22,6 +22,7 @@ from ..ir.matchers import (
     Located,
     blockspec_parts,
     code,
+    descendants,
     find_call_node,
     grid_spec_keyword,
     kernel_function,
@@ -149,17 +150,7 @@ def looped(kernel: cst.FunctionDef, dims: Mapping[str, int], axis: int, by: int,
 
 
 def _in_nested_def(kernel: cst.FunctionDef, node: cst.CSTNode) -> bool:
-    return any(node in set(_descendants(fn)) for fn in m.findall(kernel.body, m.FunctionDef() | m.Lambda()))
-
-
-def _descendants(node: cst.CSTNode) -> list[cst.CSTNode]:
-    out: list[cst.CSTNode] = []
-    stack = list(node.children)
-    while stack:
-        n = stack.pop()
-        out.append(n)
-        stack.extend(n.children)
-    return out
+    return any(node in descendants(fn) for fn in m.findall(kernel.body, m.FunctionDef() | m.Lambda()))
 
 
 def _check_ref_uses(kernel: cst.FunctionDef, dims: Mapping[str, int]) -> None:
