@@ -3,7 +3,7 @@ the tile configurations of the fidelity sweep, so the model and compiler tiers c
 
     # on the CPU machine: write every variant's source and a manifest (needs pallasopt and libcst)
     python bench/hw_measure.py prepare --bench bench/results/v5e-....json --fidelity bench/results/fidelity-v5e-....json \
-        --out .hw/run
+        [--probe bench/results/hw-probe-....json] --out .hw/run
     # on the TPU machine: time them (needs only jax + numpy and pallasopt's src/ on PYTHONPATH)
     PYTHONPATH=$PYTHONPATH:src python bench/hw_measure.py time .hw/run --out $OUT/hw.jsonl [--group bench|fidelity] \
         [--only 'llm_*'] [--done .hw/earlier.jsonl]   # --done: skip what an earlier call timed (carry the file in)
@@ -51,7 +51,7 @@ def _apply(source_path: Path, recipe: Sequence[str]) -> str:
     return ir.source
 
 
-def prepare(bench: Path | None, fidelity: Path | None, out: Path) -> int:
+def prepare(bench: Path | None, fidelity: Path | None, out: Path, probe: Path | None = None) -> int:
     src_dir = out / "src"
     src_dir.mkdir(parents=True, exist_ok=True)
     entries: list[dict[str, Any]] = []
@@ -98,6 +98,17 @@ def prepare(bench: Path | None, fidelity: Path | None, out: Path) -> int:
             tiers = {"compiler": row["compiler"]["time_s"], "model": row["model"]["time_s"]}
             entry = {"group": "fidelity", "kernel": row["kernel"], "kernel_path": row["kernel"], "variant": spec}
             add({**entry, "id": f"fid{i:03d}", "label": row["label"], "tiers": tiers}, ir.source)
+    if probe is not None:  # {"kernel": [recipe, ...]}: variants to time beside each other (group "probe")
+        for k, recipes in json.loads(probe.read_text())["kernels"].items():
+            path = ROOT / "bench" / "kernels" / f"{k}.py"
+            for i, recipe in enumerate(recipes):
+                try:
+                    source = _apply(path, recipe.split("|"))
+                except Exception as e:
+                    print(f"{k} {recipe}: {type(e).__name__}: {e}", file=sys.stderr)
+                    continue
+                entry = {"group": "probe", "kernel": k, "kernel_path": str(path.relative_to(ROOT)), "variant": recipe}
+                add({**entry, "id": f"{k}__p{i}", "recipe": recipe.split("|"), "tiers": {}}, source)
     manifest = {"bench": str(bench) if bench else None, "fidelity": str(fidelity) if fidelity else None}
     (out / "manifest.json").write_text(json.dumps({**manifest, "entries": entries}, indent=1))
     print(f"{len(entries)} variants in {out}")
@@ -495,11 +506,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("prepare")
     p.add_argument("--bench", type=Path)
     p.add_argument("--fidelity", type=Path)
+    p.add_argument("--probe", type=Path, help='{"kernels": {kernel: [recipe, ...]}}, passes split by "|"')
     p.add_argument("--out", type=Path, required=True)
     t = sub.add_parser("time")
     t.add_argument("run_dir", type=Path)
     t.add_argument("--out", type=Path, required=True)
-    t.add_argument("--group", choices=("bench", "fidelity"))
+    t.add_argument("--group", choices=("bench", "fidelity", "probe"))
     t.add_argument("--only", help="comma-separated globs on kernel names")
     t.add_argument(
         "--done", type=Path, nargs="*", default=[], help="result files of earlier runs: skip what they timed"
@@ -519,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.cmd == "compare":
         return compare((a.old_dir, a.old_results), (a.new_dir, a.new_results), a.md)
     if a.cmd == "prepare":
-        return prepare(a.bench, a.fidelity, a.out)
+        return prepare(a.bench, a.fidelity, a.out, a.probe)
     if a.cmd == "time":
         return time_all(a.run_dir, a.out, a.group, a.only, a.done)
     return report(a.run_dir, a.results, a.md, a.json)
