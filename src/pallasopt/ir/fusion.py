@@ -255,12 +255,17 @@ def not_elementwise(c: CallFacts, operand: int, rows_ok: bool = False) -> str | 
     if c.scratch or c.body.program_id_axes:
         return "it uses scratch or program_id"
     for o in c.operands:
-        if (o.shape, o.block_shape, o.index_map.affine) == (h.shape, h.block_shape, h.index_map.affine):
+        if blocked_like(o, h):
             continue
         if rows_ok and o.role == "in" and is_column_row(o, h):
             continue
         return f"its {o.name} is not blocked like the producer's output"
     return None
+
+
+def blocked_like(o: Operand, h: Operand) -> bool:
+    """`o` has `h`'s shape, blocks and index map."""
+    return (o.shape, o.block_shape, o.index_map.affine) == (h.shape, h.block_shape, h.index_map.affine)
 
 
 def is_column_row(o: Operand, h: Operand) -> bool:

@@ -560,6 +560,18 @@ PROGRAM_ID = m.Call(
 )
 
 
+def helper_reading_program_id(module: cst.Module, kernel: cst.FunctionDef) -> str | None:
+    """The name of a function outside `kernel` (not nested in it) that the kernel calls and that reads
+    program_id / num_programs (a rewrite renumbering or rescaling the kernel's axes would not reach it); None."""
+    called = used_names(kernel)
+    inside = {id(f) for f in m.findall(kernel, m.FunctionDef())}
+    for fn in m.findall(module, m.FunctionDef()):
+        assert isinstance(fn, cst.FunctionDef)
+        if id(fn) not in inside and fn.name.value in called and m.findall(fn, PROGRAM_ID):
+            return fn.name.value
+    return None
+
+
 def program_id_axes(node: cst.CSTNode) -> set[int] | None:
     """The literal grid axes `pl.program_id(a)` / `pl.num_programs(a)` use inside `node`; None when an axis is not
     an integer literal."""

@@ -25,6 +25,7 @@ from ..ir.matchers import (
     descendants,
     find_call_node,
     grid_spec_keyword,
+    helper_reading_program_id,
     kernel_function,
     kernel_refs,
     module_names,
@@ -95,7 +96,8 @@ class CoarsenPass(Pass):
         refs = kernel_refs(kernel)
         check(refs is not None and len(refs) == len(facts.operands) + len(facts.scratch), "the kernel takes *args")
         assert refs is not None
-        _no_helper_program_ids(loc, kernel)
+        helper = helper_reading_program_id(loc.wrapper.module, kernel)  # it would read the new step's index
+        check(helper is None, f"the kernel's helper {helper} uses program_id")
         module = loc.wrapper.module
         row = fresh_name(used_names(kernel) | module_names(module), "r")
         dims = {refs[k]: d for k, d in walked}
@@ -226,15 +228,6 @@ class _Rows(cst.CSTTransformer):
         if "num_programs" in code(original.func):
             return cst.parse_expression(f"({code(updated)} * {self.by})")
         return cst.parse_expression(f"({code(updated)} * {self.by} + {self.row})")
-
-
-def _no_helper_program_ids(loc: Located, kernel: cst.FunctionDef) -> None:
-    """Decline when a module-level helper the kernel calls reads program_id (it would read the new step's index)."""
-    called = used_names(kernel)
-    for fn in m.findall(loc.wrapper.module, m.FunctionDef()):
-        assert isinstance(fn, cst.FunctionDef)
-        if fn is not kernel and fn.name.value in called and m.findall(fn, PROGRAM_ID):
-            check(False, f"the kernel's helper {fn.name.value} uses program_id")
 
 
 def _grid_edit(loc: Located, node: cst.Call, axis: int, by: int) -> dict[cst.CSTNode, cst.CSTNode]:

@@ -32,7 +32,7 @@ from ..ir.cst_edit import (
     with_keyword_only,
 )
 from ..ir.facts import CallFacts, Operand
-from ..ir.fusion import Link, dataflow, fusable, is_column_row, link, unit_row
+from ..ir.fusion import Link, blocked_like, dataflow, fusable, is_column_row, link, unit_row
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     PROGRAM_ID,
@@ -384,12 +384,10 @@ def _fused_call(
     assert out_arg is not None
     single_out = not isinstance(resolve(loc, c_node, out_arg.value), cst.List | cst.Tuple)
     in_arg = keyword(c_node, "in_specs")
-    reshape_to = None
+    reshape_to, new_kw = None, {}
     if lk.reshaped is not None:  # the fused call writes the producer's shape; the wrapper reshapes it back to rows
-        reshape_to, struct = _rows_out_shape(loc, p_node, c_node, p_names, scope_names)
-        set_out_shape = {"out_shape": struct}
-    new_kw: dict[str, cst.BaseExpression] = {
-        **(set_out_shape if reshape_to is not None else {}),
+        reshape_to, new_kw["out_shape"] = _rows_out_shape(loc, p_node, c_node, p_names, scope_names)
+    new_kw |= {
         "grid": grid,
         "in_specs": list_like(in_arg.value if in_arg is not None else None, in_specs),
         "out_specs": out_specs[0] if single_out else list_like(out_arg.value, out_specs),
@@ -455,8 +453,7 @@ def _consumer_spec(
     )
 
     def spec(s: cst.BaseExpression | None, o: Operand) -> cst.Call:
-        like_h = (o.shape, o.block_shape, o.index_map.affine) == (h.shape, h.block_shape, h.index_map.affine)
-        if o.role == "in" and not like_h and is_column_row(o, h):
+        if o.role == "in" and not blocked_like(o, h) and is_column_row(o, h):
             return _spec(s, row, grid_names, p_axis, scope_names, f"(1, {last_text})")
         return _spec(s, out, grid_names, p_axis, scope_names, c_block)
 

@@ -15,9 +15,11 @@ from ..errors import check
 from ..ir.cst_edit import replace_many, semantics_edit
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
+    PROGRAM_ID,
     Located,
     find_call_node,
     grid_spec_keyword,
+    helper_reading_program_id,
     kernel_body,
     keyword,
     resolve_local,
@@ -143,18 +145,9 @@ def _renumber_program_ids(
     kernel = kernel_body(loc, call)
     check(kernel is not None, "cannot find the kernel function to renumber its program_id uses")
     assert kernel is not None
-    pid = m.Call(
-        func=m.Attribute(attr=m.Name("program_id") | m.Name("num_programs"))
-        | m.Name("program_id")
-        | m.Name("num_programs")
-    )
-    called = {n.value for n in m.findall(kernel, m.Name()) if isinstance(n, cst.Name)}
-    inside = {id(f) for f in m.findall(kernel, m.FunctionDef())}
-    for fn in m.findall(loc.wrapper.module, m.FunctionDef()):
-        assert isinstance(fn, cst.FunctionDef)
-        if id(fn) not in inside and fn.name.value in called and m.findall(fn, pid):
-            check(False, f"the kernel's helper {fn.name.value} uses program_id; not reordered")
-    for use in m.findall(kernel, pid):
+    helper = helper_reading_program_id(loc.wrapper.module, kernel)
+    check(helper is None, f"the kernel's helper {helper} uses program_id; not reordered")
+    for use in m.findall(kernel, PROGRAM_ID):
         assert isinstance(use, cst.Call)
         arg = use.args[0].value if use.args else None
         check(isinstance(arg, cst.Integer), "a program_id/num_programs axis is not a literal")
