@@ -14,6 +14,7 @@ from .deep_pipeline import PipelinePass
 from .dimension_semantics import DimensionSemanticsPass
 from .dma_overlap import DmaOverlapPass
 from .epilogue import EpiloguePass
+from .fold_last_step import FoldLastStepPass
 from .fuse import FusePass
 from .gather_widen import GatherWidenPass
 from .grid_order import GridOrderPass
@@ -49,6 +50,7 @@ PASSES: tuple[type[Pass], ...] = (
     OnlineSoftmaxPass,
     FusePass,
     EpiloguePass,
+    FoldLastStepPass,
     LayoutPass,
     PadInKernelPass,
     ReshapeInKernelPass,
