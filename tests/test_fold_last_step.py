@@ -64,6 +64,21 @@ def test_a_scratch_the_finalize_only_reads() -> None:
     assert "jnp.broadcast_to(total / K - mean * mean, var_ref.shape)" in new.source
 
 
+def test_an_assign_first_reduction_is_zeroed_then_folded() -> None:
+    """fused_07 assigns the first step's product (`@pl.when(k == 0)`) and adds the others (`@pl.when(k > 0)`): the
+    first becomes a zeroing, the add an every-step update, which then folds."""
+    path = BENCH / "fused_07_matmul_min_tanh.py"
+    new = FoldLastStepPass().apply(KernelIR.from_file(path))
+    assert "    @pl.when(k == 0)\n    def _():\n        o_ref[...] = jnp.zeros_like(o_ref)" in new.source
+    assert "@pl.when(k != pl.num_programs(2) - 1)\n    def _accumulate():\n        o_ref[...] += part" in new.source
+    assert "total = o_ref[...] + part\n        o_ref[...] = jnp.tanh(jnp.minimum(total, CLAMP_MAX))" in new.source
+    assert "k > 0" not in new.source
+    # `s > 0` is the complement of `s == 0` only for a step index: a name bound otherwise is left alone
+    other = _edited(path, {"k = pl.program_id(2)": "k = pl.program_id(2) - 1"})
+    with pytest.raises(PassNotApplicable, match="no `R"):
+        FoldLastStepPass().apply(other)
+
+
 def test_after_fuse_and_after_accumulate_in_scratch() -> None:
     fused = _run(BENCH / "fused_02_matmul_gelu.py", "fuse{producer=0},fold-last-step")
     assert "jax.nn.gelu(total, approximate=True)" in fused.source and len(fused.calls) == 1
