@@ -80,12 +80,20 @@ def evaluate_baseline(
 
 
 def signature(n: Node) -> tuple[object, ...]:
-    """Candidates with the same blocks, grid, buffering and model time are the same to every tier we rank with
-    (e.g. three vmem-limit values that all fit): compile and check one of them."""
+    """Candidates with the same blocks, grid, buffering, traced body and model time are the same to every tier we
+    rank with (e.g. three vmem-limit values that all fit): compile and check one of them. The body's traced stats
+    are part of it: a rewrite of the body alone (`fold-last-step`: the same blocks and model time, one store and
+    load of the accumulator fewer) is another program to the compiler."""
     assert n.ir is not None
     t = n.results["model"].time_s or 0.0
     shape = tuple(
-        (c.grid, tuple((o.block_shape, o.buffer_count) for o in c.operands), c.dimension_semantics, len(c.scratch))
+        (
+            c.grid,
+            tuple((o.block_shape, o.buffer_count) for o in c.operands),
+            c.dimension_semantics,
+            len(c.scratch),
+            c.body,
+        )
         for c in n.ir.calls
     )
     return (round(t, 12), shape)
