@@ -129,3 +129,12 @@ def test_run_refuses_a_malformed_start_recipe_before_loading_the_kernel(tmp_path
     rc = main(["run", str(MATMUL), "--start-from", "tile{call=0,bm}", "-o", str(tmp_path / "o.py")])
     assert rc == 2
     assert "needs a value" in capsys.readouterr().err
+
+
+def test_a_start_recipe_at_the_depth_limit_is_still_expanded(matmul_ir) -> None:
+    """`depth` bounds the steps this run adds: a start recipe as deep as the limit gets children (a bench rerun at
+    depth 2 from depth-2 recipes tries a third step, e.g. fold-last-step after two tiles)."""
+    out = search(matmul_ir, Favoured(), beam=2, depth=1, start_from=(FOUND,))
+    deeper = [n for n in out.nodes.values() if n.recipe[:1] == FOUND and len(n.recipe) == 2]
+    assert deeper and all(n.depth == 2 for n in deeper)
+    assert any("model" in n.results for n in deeper)

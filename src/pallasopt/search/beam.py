@@ -63,9 +63,10 @@ def beam_search(
     """Run the search; `progress(event, info)` is called as it goes (for the rich display and the DB)."""
     f = Funnel(base, evaluator, chip, config, progress=progress, seeds=seeds, clock=lambda: time.perf_counter())
     started = f.warm_start(config.start_from)
-    # an earlier run's verified states (`start_from`) share the first beam with the root; the best sets the bar
-    beam = sorted({n.digest: n for n in [f.root, *started] if n.depth < config.depth or n is f.root}.values(),
-                  key=f.rank_key)[: max(config.beam, 1)]  # fmt: skip
+    # an earlier run's verified states (`start_from`) share the first beam with the root; the best sets the bar.
+    # They are expanded at any depth: `depth` bounds the steps this run adds to a state, and a warm start exists to
+    # go on from where the earlier run stopped (fold-last-step after a bench's two tile steps).
+    beam = sorted({n.digest: n for n in [f.root, *started]}.values(), key=f.rank_key)[: max(config.beam, 1)]
     stop = "depth limit"
     best_time = min(f.key(n) for n in [f.root, *started])
     for depth in range(1, config.depth + 1):
