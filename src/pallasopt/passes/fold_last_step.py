@@ -19,6 +19,7 @@ from ..ir.matchers import (
     Located,
     code,
     find_call_node,
+    is_call_to,
     jnp_alias,
     kernel_function,
     kernel_refs,
@@ -161,8 +162,7 @@ def _first_step_zeroed(stmts: list[cst.BaseStatement], refs: set[str], jnp: str 
 
 def _step_index(x: cst.BaseExpression, before: Sequence[cst.BaseStatement]) -> bool:
     """`x` is `pl.program_id(a)` or a name the body last bound to one at its top level before."""
-    pid = m.Call(func=m.Attribute(attr=m.Name("program_id")))
-    if m.matches(x, pid):
+    if is_call_to(x, "program_id"):
         return True
     if not isinstance(x, cst.Name):
         return False
@@ -171,7 +171,7 @@ def _step_index(x: cst.BaseExpression, before: Sequence[cst.BaseStatement]) -> b
         for a in m.findall(stmt, m.Assign(targets=[m.AssignTarget(target=m.Name(x.value))])):
             assert isinstance(a, cst.Assign)
             value = a.value
-    return value is not None and m.matches(value, pid)
+    return value is not None and is_call_to(value, "program_id")
 
 
 def _single_when(stmt: cst.BaseStatement) -> tuple[cst.BaseExpression, cst.BaseSmallStatement] | None:
@@ -210,7 +210,7 @@ def _when_condition(fn: cst.FunctionDef) -> cst.BaseExpression | None:
     if len(fn.decorators) != 1:
         return None
     d = fn.decorators[0].decorator
-    if isinstance(d, cst.Call) and m.matches(d.func, m.Attribute(attr=m.Name("when"))) and len(d.args) == 1:
+    if isinstance(d, cst.Call) and is_call_to(d, "when") and len(d.args) == 1:
         return d.args[0].value
     return None
 
