@@ -13,6 +13,7 @@ import libcst as cst
 
 from ..cost_model.hardware import Chip
 from ..cost_model.roofline import estimate_call, legality_problems, vmem_footprint
+from ..cost_model.ties import grid_steps, tie_order
 from ..errors import KernelError, PassNotApplicable, UsageError, check
 from ..ir.cst_edit import replace_integers, set_compiler_param
 from ..ir.facts import BodyStats, CallFacts, Operand, Scratch
@@ -163,8 +164,9 @@ class TilePass(Pass):
                 if len(derived) < 2:
                     continue  # still one knob after untying (a body that needs square blocks)
                 scored += _scored(cls, base, call.index, theirs, chip, knob.name, apart=derived)
-            scored.sort(key=lambda x: (x[0], x[1].spec()))
-            out.extend(p for _, p in scored)  # the whole space, model-best first: strategies truncate
+            scored.sort(key=lambda x: (x[0], x[2].spec()))
+            # the whole space, model-best first (model ties: fewer grid steps alternate in): strategies truncate
+            out.extend(p for _, _, p in tie_order(scored, lambda x: x[0], lambda x: x[1]))
         return tuple(out)
 
 
@@ -176,15 +178,15 @@ def _scored(
     chip: Chip,
     untie: str,
     apart: Sequence[Knob] = (),
-) -> list[tuple[float, TilePass]]:
-    """Every size combination of call `index`'s knobs `mine` with the model's time of the whole module; with
-    `apart` (the knobs an untie made), only combinations that move them by different ratios (the others are the tied
-    knob's own choices)."""
+) -> list[tuple[float, tuple[int, int], TilePass]]:
+    """Every size combination of call `index`'s knobs `mine` with the model's time of the whole module and its grid
+    steps; with `apart` (the knobs an untie made), only combinations that move them by different ratios (the others
+    are the tied knob's own choices)."""
     call = ir.calls[index]
     knobs = knobs_of(ir)
     options = [_options(call, k) for k in mine]
     known = set(legality_problems(call, chip))
-    scored: list[tuple[float, TilePass]] = []
+    scored: list[tuple[float, tuple[int, int], TilePass]] = []
     for combo in itertools.product(*options):
         if all(size == k.value for k, size in zip(mine, combo, strict=True)):
             continue
@@ -206,7 +208,7 @@ def _scored(
             facts = (*facts[: call.index], new_call, *facts[call.index + 1 :])
         t = sum(estimate_call(c, chip).time_s for c in facts)
         sizes = tuple((k.name, s) for k, s in chosen if s != k.value)
-        scored.append((t, cls(call=call.index, sizes=sizes, vmem_mib=mib, untie=untie)))
+        scored.append((t, grid_steps(facts), cls(call=call.index, sizes=sizes, vmem_mib=mib, untie=untie)))
     return scored
 
 

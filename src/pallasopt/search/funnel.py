@@ -18,6 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from ..config import SearchConfig, check_seeds
 from ..cost_model.hardware import Chip
+from ..cost_model.ties import grid_steps, tie_order
 from ..harness.check_dims import INTERPRET_S_PER_ELEMENT_STEP
 from ..ir.kernel_ir import KernelIR
 from ..passes.base import Pass
@@ -377,7 +378,9 @@ class Funnel:
         prune = prune if prune is not None else (None if want is None else want * PRUNE_FACTOR)
         if not joining:
             self._lead, self._reserve_s = None, None
-        ordered, prune = share_calls(one_per_signature(alive), prune)
+        # Within the model's tie band the fewest-step candidates alternate with its order (cost_model/ties.py).
+        ties = tie_order(one_per_signature(alive), lambda n: n.results["model"].time_s or 0.0, _steps)
+        ordered, prune = share_calls(ties, prune)
         alive, rest = ordered[:prune], ([] if prune is None else ordered[prune:])
         if self.compile_children:
             passed = self._compile_new(alive, bar)
@@ -697,3 +700,7 @@ class Funnel:
 def _ir(n: Node) -> KernelIR:
     assert n.ir is not None, f"{n.spec} has no IR to evaluate"
     return n.ir
+
+
+def _steps(n: Node) -> tuple[int, int]:
+    return grid_steps(_ir(n).calls)
