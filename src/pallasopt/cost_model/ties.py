@@ -10,9 +10,11 @@ ms [C]), but it only sees what the model lets through.
 
 `tie_order` keeps the model's order but lets the candidates within `MODEL_TIE_BAND` of the model-best alternate with
 the fewest-grid-step ones among them: the per-step costs the model under-charges (an accumulator read and written
-per step, per-step bookkeeping) fall with the step count, and on the chip the larger-block choice won each time the
-tiers misranked it (fused_13 whole-K, fused_10 whole-N, fused_22 coarsened by 8, fused_26/28 larger row blocks:
-bench/results/hw-v5e-2026-12-06*/). The compiler tier and the check still decide; this only chooses what they see.
+per step, per-step bookkeeping) fall with the step count. Chip evidence is mixed, so the band only alternates:
+the larger, fewer-step choice won where the tiers misranked fused_13 (whole K), fused_10 (whole N), fused_22
+(coarsened by 8) and fused_26 / fused_28 (larger row blocks), and lost on fused_07 (a fourth tile, bk 512 -> 1024:
+0.897 -> 0.996 ms) and fused_33 (coarsen by 2: 1.6x slower), both of which the compiler tier ranked first
+(bench/results/hw-v5e-2026-12-06*/). The compiler tier and the check still decide; this only chooses what they see.
 """
 
 from __future__ import annotations
