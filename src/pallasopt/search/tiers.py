@@ -81,6 +81,16 @@ class Evaluator(Protocol):
 UNCOUNTED_LOOP = (
     "no time: a loop's trip count changes from grid step to grid step and libtpu's static profile counts it once"
 )
+# libtpu's static profile gave a Pallas kernel 0 cycles: no estimate, not a free kernel. Joined with the HBM floor
+# such a kernel looked exactly bandwidth-bound and won its search: fused_33's `coarsen{call=0,axis=0,by=2}` (0 cycles,
+# so 1.660 ms [C], its floor, against 1.682 for its tiles) ran 2.916 ms on a v5e against ~1.78 (2026-12-06,
+# bench/results/hw-v5e-2026-12-06d).
+ZERO_CYCLES = "no time: libtpu's static profile gives the kernel 0 cycles (no estimate)"
+
+
+def zero_cycle_kernels(per_op_cycles: Sequence[tuple[str, int]]) -> list[str]:
+    """The Pallas kernels the static profile gives 0 cycles (`CompileReport.per_op_cycles` names them "pallas:...")."""
+    return [name for name, cycles in per_op_cycles if name.startswith("pallas:") and cycles == 0]
 
 
 def deadline_kw(fn: Any, deadline: float | None) -> dict[str, float]:
@@ -364,6 +374,9 @@ class Tiers:
         if not math.isnan(static) and any(c.body.loop_trips_vary for c in ir.calls):
             static = math.nan
             rep = replace(rep, note=UNCOUNTED_LOOP)
+        if not math.isnan(static) and zero_cycle_kernels(rep.per_op_cycles):
+            static = math.nan
+            rep = replace(rep, note=f"{ZERO_CYCLES}: {', '.join(zero_cycle_kernels(rep.per_op_cycles))}")
         if math.isnan(static):
             why = rep.note or "no static estimate for this kernel"
             return TierResult("compiler", True, None, f"compiled (fits); {why}", data)
