@@ -14,8 +14,8 @@ per step, per-step bookkeeping) fall with the step count. Chip evidence is mixed
 the larger, fewer-step choice won where the tiers misranked fused_13 (whole K), fused_10 (whole N), fused_22
 (coarsened by 8) and fused_26 / fused_28 (larger row blocks), and lost on fused_07 (a fourth tile, bk 512 -> 1024:
 0.897 -> 0.996 ms) and fused_33 (coarsen by 2: 1.6x slower; libtpu gave it 0 cycles, now no time), both of which
-the compiler tier ranked first
-(bench/results/hw-v5e-2026-12-06*/). The compiler tier and the check still decide; this only chooses what they see.
+the compiler tier ranked first (bench/results/hw-v5e-2026-12-06*/). The compiler tier and the check still decide;
+this only chooses what they see.
 """
 
 from __future__ import annotations
