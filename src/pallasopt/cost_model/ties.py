@@ -58,18 +58,13 @@ def tie_order(
     n = next((i for i, x in enumerate(items) if time_of(x) > bound), len(items))
     ties = list(items[:n])
     by_steps = sorted(range(n), key=lambda i: (steps_of(ties[i]), i))
-    by_model = list(range(n))
+    queues = (iter(range(n)), iter(by_steps))  # model order, fewest steps: each skips what the other took
     taken: set[int] = set()
     out: list[T] = []
-    queues = (by_model, by_steps)
-    turn = 0
     while len(out) < n:
-        queue = queues[turn % 2]
-        while queue and queue[0] in taken:
-            queue.pop(0)
-        if queue:
-            i = queue.pop(0)
-            taken.add(i)
-            out.append(ties[i])
-        turn += 1
+        for queue in queues:
+            i = next((j for j in queue if j not in taken), None)
+            if i is not None:
+                taken.add(i)
+                out.append(ties[i])
     return out + list(items[n:])

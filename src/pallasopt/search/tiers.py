@@ -374,9 +374,10 @@ class Tiers:
         if not math.isnan(static) and any(c.body.loop_trips_vary for c in ir.calls):
             static = math.nan
             rep = replace(rep, note=UNCOUNTED_LOOP)
-        if not math.isnan(static) and zero_cycle_kernels(rep.per_op_cycles):
+        zero = zero_cycle_kernels(rep.per_op_cycles)
+        if not math.isnan(static) and zero:
             static = math.nan
-            rep = replace(rep, note=f"{ZERO_CYCLES}: {', '.join(zero_cycle_kernels(rep.per_op_cycles))}")
+            rep = replace(rep, note=f"{ZERO_CYCLES}: {', '.join(zero)}")
         if math.isnan(static):
             why = rep.note or "no static estimate for this kernel"
             return TierResult("compiler", True, None, f"compiled (fits); {why}", data)
