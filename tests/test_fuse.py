@@ -82,6 +82,57 @@ def test_consumer_of_two_producers_fuses_both() -> None:
     assert fused.grid == (4, 2) and all(o.block_shape == (64, 128) for o in fused.operands)
 
 
+def test_a_norm_then_its_scaling_fuse_over_whole_rows() -> None:
+    """The consumer walks the columns the producer reduces (it needs every row sum before its first block): the fused
+    call takes one step over whole rows, and reads x once for both bodies."""
+    ir = load("rms_rows")
+    assert ir.calls[0].grid == (4, 3) and ir.calls[1].grid == (4, 3)
+    assert FusePass.choices(ir, V5E) == (FusePass(producer=0),)
+    new = FusePass(producer=0).apply(ir)
+    (fused,) = new.calls
+    assert fused.grid == (4, 1)
+    assert [(o.name, o.block_shape) for o in fused.operands] == [
+        ("in0", (64, 384)),
+        ("in1", (1, 384)),
+        ("out0", (64, 384)),
+    ]
+    src = new.source
+    assert "grid=(pl.cdiv(M, ROWS), 1)," in src  # one step at any N: the blocks read x's width
+    assert "pl.BlockSpec((ROWS, x.shape[1]), lambda g0, g1: (g0, g1))" in src
+    assert "def _fused_sumsq_scale(x_ref, g_ref, o_ref, s_ref, *, n):" in src  # x_ref serves both bodies
+    assert ")(x, g.reshape(1, N))" in src
+
+
+def test_whole_rows_past_the_default_vmem_raise_the_limit() -> None:
+    """Whole rows grow with the array: where the fused blocks overflow the default scoped VMEM (16 MiB on a v5e),
+    the choice carries the limit that holds them, and the fused call is given it."""
+    path = KERNELS / "rms_rows.py"
+    text = path.read_text().replace("M=200, N=384", "M=200, N=65536")
+    ir = KernelIR.from_source(text, str(path))
+    (choice,) = FusePass.choices(ir, V5E)
+    assert choice == FusePass(producer=0, vmem_mib=64) and choice.spec() == "fuse{producer=0,retile=false,vmem_mib=64}"
+    (fused,) = choice.apply(ir).calls
+    assert fused.vmem_limit_bytes == 64 * 2**20
+    assert FusePass.choices(load("rms_rows"), V5E) == (FusePass(producer=0),)  # 384 columns fit the default
+
+
+def test_an_array_rebound_between_the_calls_is_read_twice() -> None:
+    path = KERNELS / "rms_rows.py"
+    text = path.read_text().replace(")(x)\n    return", ")(x)\n    x = -x\n    return")
+    assert "x = -x" in text
+    (fused,) = FusePass(producer=0).apply(KernelIR.from_source(text, str(path))).calls
+    assert [o.block_shape for o in fused.inputs] == [(64, 384), (64, 384), (1, 384)]
+
+
+def test_whole_rows_decline_a_reversed_walk() -> None:
+    path = KERNELS / "rms_rows.py"
+    text = path.read_text().replace("lambda i, j: (0, j)", "lambda i, j: (0, 2 - j)")
+    with pytest.raises(
+        PassNotApplicable, match=r"consumer's grid axis 1 .* in2 block dim 1 is not indexed by that axis"
+    ):
+        FusePass(producer=0).apply(KernelIR.from_source(text, str(path)))
+
+
 @pytest.mark.parametrize(
     ("name", "producer", "why"),
     [
@@ -155,6 +206,7 @@ def test_reshape_declines(edits: dict[str, str], why: str) -> None:
         ("two_producers", ["fuse{producer=1}", "fuse{producer=1},fuse{producer=0}"]),
         ("helpers_with_keywords", ["fuse{producer=0}"]),
         ("reshape_rows", ["fuse{producer=0}"]),
+        ("rms_rows", ["fuse{producer=0}", "tile{call=0,ROWS=128},fuse{producer=0}"]),
     ],
 )
 def test_fused_kernels_match_the_reference(name: str, recipes: list[str]) -> None:

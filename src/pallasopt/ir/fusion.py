@@ -27,6 +27,10 @@ class Link:
     # The consumer reads the output through a wrapper reshape to rows (`y.reshape(rows, C)`) of this shape: its
     # elementwise body runs on the producer's blocks, its per-column rows (1, C) follow the blocks' last dim.
     reshaped: tuple[int, ...] | None = None
+    # Producer reduction axes the consumer walks with an axis of its own over other arrays (a row-norm kernel, then
+    # one that re-reads the rows and scales them): the fused call gives each one step over the whole dim, every block
+    # along it spanning its array (`whole_axes`), so the consumer runs on finished statistics at every size.
+    whole: tuple[int, ...] = ()
 
     @property
     def order(self) -> tuple[int, ...]:
@@ -154,6 +158,9 @@ def link(ir: KernelIR, producer: int) -> Link:
         )
     assert h.index_map.affine is not None and out.index_map.affine is not None
     sigma = pair_axes(list(zip(h.index_map.affine, out.index_map.affine, strict=True)), c.grid, p.grid)
+    whole: tuple[int, ...] = ()
+    if len(sigma) < len(c.grid) and not reblock:
+        sigma, whole = whole_axes(p, c, sigma)
     check(len(sigma) == len(c.grid), "a consumer grid axis does not walk the producer's output")
     check(len(set(sigma.values())) == len(sigma), "two consumer axes walk one producer axis")
     for a, b in sigma.items():
@@ -162,7 +169,40 @@ def link(ir: KernelIR, producer: int) -> Link:
             f"consumer axis {a} has {c.grid[a]} steps, producer axis {b} has {p.grid[b]}",
         )
     inner = tuple(a for a in range(len(p.grid)) if a not in sigma.values())
-    return Link(p, c, flow.operand, tuple(sigma[a] for a in range(len(c.grid))), inner, reblock)
+    return Link(p, c, flow.operand, tuple(sigma[a] for a in range(len(c.grid))), inner, reblock, whole=whole)
+
+
+def whole_axes(p: CallFacts, c: CallFacts, sigma: dict[int, int]) -> tuple[dict[int, int], tuple[int, ...]]:
+    """Pair the one consumer axis that does not walk the producer's output with the producer's one reduction axis,
+    when both would take one step over the whole dim (`walks_whole`): `sigma` with that pair, and the producer axis.
+    Both calls walk other arrays along them (the rows a norm reduces and the rows the consumer scales): the consumer
+    needs every step of the reduction before its first, which only one whole step gives. Declines otherwise."""
+    c_left = [a for a in range(len(c.grid)) if a not in sigma]
+    p_left = [a for a in range(len(p.grid)) if a not in sigma.values()]
+    check(
+        len(c_left) == 1 and len(p_left) == 1,
+        "a consumer grid axis does not walk the producer's output (and no single reduction axis pairs with it)",
+    )
+    for call, axis, who in ((p, p_left[0], "producer"), (c, c_left[0], "consumer")):
+        why = walks_whole(call, axis)
+        check(why is None, f"the {who}'s grid axis {axis} does not walk the producer's output, and {why}")
+    return {**sigma, c_left[0]: p_left[0]}, (p_left[0],)
+
+
+def walks_whole(call: CallFacts, axis: int) -> str | None:
+    """Why grid `axis` of `call` cannot become one step over whole dims (None: it can): every block the axis moves
+    is moved along one dim with stride 1 and not squeezed, and some input moves along it (its array gives the dim's
+    size in the wrapper)."""
+    inputs = 0
+    for o in call.operands:
+        assert o.index_map.affine is not None
+        for d, row in enumerate(o.index_map.affine):
+            if row[axis] == 0:
+                continue
+            if unit_row(row) != axis or o.block_shape[d] is None:
+                return f"its {o.name} block dim {d} is not indexed by that axis alone with stride 1"
+            inputs += o.role == "in"
+    return None if inputs else "no input walks it"
 
 
 def _reshaped_link(p: CallFacts, c: CallFacts, flow: Flow) -> Link:

@@ -11,6 +11,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
+from ..cost_model.roofline import vmem_footprint
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import (
     affine_results,
@@ -28,6 +29,7 @@ from ..ir.cst_edit import (
     list_like,
     portable,
     replace_many,
+    set_compiler_param,
     set_keyword,
     with_keyword_only,
 )
@@ -60,6 +62,7 @@ from ..ir.matchers import (
 )
 from .base import Pass
 from .tile import TilePass, knobs_of
+from .vmem_limit import STEPS_MIB
 
 # Keywords of the consumer's pallas_call that describe its old grid: dropped from the fused call (later passes
 # re-derive dimension semantics, VMEM limit and cost estimate for the fused kernel).
@@ -89,6 +92,11 @@ class FusePass(Pass):
     name: ClassVar[str] = "fuse"
     producer: int = 0
     retile: bool = False
+    vmem_mib: int = 0  # > 0: the fused call's vmem_limit_bytes, in MiB (its blocks need more than the default)
+
+    def params(self) -> dict[str, Any]:
+        extra = {"vmem_mib": self.vmem_mib} if self.vmem_mib else {}
+        return {"producer": self.producer, "retile": self.retile, **extra}
 
     @classmethod
     def choices(cls, ir: KernelIR, chip: Chip) -> tuple[Pass, ...]:
@@ -96,7 +104,7 @@ class FusePass(Pass):
         for i in range(len(ir.calls) - 1):
             why = fusable(ir, i)
             if why is None:
-                out.append(cls(producer=i))
+                out.append(_with_vmem(cls(producer=i), ir, chip))
             elif "tile them alike" in why:
                 out.append(cls(producer=i, retile=True))
         return tuple(out)
@@ -113,7 +121,28 @@ class FusePass(Pass):
         except KernelError as e:  # a rewrite this pass got wrong: decline with why, the search goes on
             raise PassNotApplicable(f"the fused module does not trace: {e.message}") from None
         _verify(base, new, lk)
+        fused = new.calls[lk.consumer.index - 1]
+        if self.vmem_mib * 2**20 > (fused.vmem_limit_bytes or 0):
+            value = cst.parse_expression(f"{self.vmem_mib} * 1024 * 1024")
+            new = ir.with_module(set_compiler_param(new.module, fused, "vmem_limit_bytes", value), self.spec())
         return new
+
+
+def _with_vmem(p: FusePass, ir: KernelIR, chip: Chip) -> FusePass:
+    """`p` with the VMEM limit its fused call needs when its blocks (whole rows, `Link.whole`, grow with the array)
+    overflow the chip's default scoped VMEM: the smallest of vmem-limit's steps that holds them with 10% to spare
+    (a fused kernel that does not compile is no step for a search to build on). `p` as is when none is needed, when
+    no step holds them (the compiler tier says why) or when the fusion does not apply here."""
+    try:
+        fused = p.apply(ir).calls[dataflow(ir, p.producer).consumer - 1]  # the fused call replaced the consumer
+    except PassNotApplicable:
+        return p
+    limit = fused.vmem_limit_bytes or chip.default_scoped_vmem_bytes
+    need = vmem_footprint(fused, chip)
+    if chip.is_gpu or need <= limit * 0.9:
+        return p
+    fits = [mib for mib in STEPS_MIB if mib * 2**20 > limit and need <= mib * 2**20 * 0.9 <= chip.vmem_bytes * 0.9]
+    return replace(p, vmem_mib=fits[0]) if fits else p
 
 
 def _retiled(ir: KernelIR, producer: int) -> KernelIR:
@@ -163,12 +192,24 @@ def _fuse(ir: KernelIR, lk: Link) -> cst.Module:
     p_arg, c_arg = kernel_arg(p_node), kernel_arg(c_node)
     edits: dict[cst.CSTNode, cst.CSTNode] = {}
     fused_name = fresh_name(module_names(module), f"_fused{_suffix(p_kernel)}{_suffix(c_kernel)}")
-    fused, c_bound = _fused_kernel(lk, (p_kernel, p_arg), (c_kernel, c_arg), fused_name, pl_alias(module))
+    renames = _consumer_renames(p_kernel, c_kernel)
+    c_bound = tuple((renames.get(k, k), v) for k, v in c_arg.keywords)
+    kernel = KernelArg(partial=c_arg.partial or p_arg.partial, keywords=c_bound)
+    shared = _fused_call(loc, lk, p_node, c_node, (fused_name, p_arg, kernel), pltpu, edits)
+    fused = _fused_kernel(lk, (p_kernel, p_arg), (c_kernel, c_arg), fused_name, pl_alias(module), shared)
     spaced = fused.with_changes(leading_lines=[cst.EmptyLine()] * 2)
     edits[c_kernel] = cst.FlattenSentinel([c_kernel, spaced])  # type: ignore[assignment]
-    kernel = KernelArg(partial=c_arg.partial or p_arg.partial, keywords=c_bound)
-    _fused_call(loc, lk, p_node, c_node, (fused_name, p_arg, kernel), pltpu, edits)
     return replace_many(loc.wrapper.module, edits)
+
+
+def _consumer_renames(pk: cst.FunctionDef, ck: cst.FunctionDef) -> dict[str, str]:
+    """New names for the consumer kernel's refs and keywords that the producer kernel also uses."""
+    p_refs: list[str] = list(kernel_refs(pk) or [])
+    c_refs: list[str] = list(kernel_refs(ck) or [])
+    p_kw = [q.name.value for q in pk.params.kwonly_params]
+    c_kw = [q.name.value for q in ck.params.kwonly_params]
+    taken = set(p_refs) | set(p_kw) | used_names(pk.body)
+    return {r: fresh_name(taken | set(c_refs) | set(c_kw), r) for r in (*c_refs, *c_kw) if r in taken}
 
 
 @dataclass(frozen=True)
@@ -210,11 +251,13 @@ def _fused_kernel(
     consumer: tuple[cst.FunctionDef, KernelArg],
     name: str,
     pl: str,
-) -> tuple[cst.FunctionDef, tuple[tuple[str, cst.BaseExpression], ...]]:
+    shared: dict[int, int],
+) -> cst.FunctionDef:
     """`def fused(p_inputs, c_inputs but h, c_outputs, p_scratch, c_scratch, h_block, *, p_kw, c_kw)`: the
     producer's body with its output ref turned into the last scratch, then the consumer's body on it when the block
     is finished. Keyword-only parameters the calls bind through functools.partial stay keywords (the consumer's
-    renamed where the producer uses the name); returned with the consumer's keywords under their new names."""
+    renamed where the producer uses the name, `_consumer_renames`). A consumer input `i` in `shared` reads the same
+    block as producer input `shared[i]` on every step: the consumer's body reads that ref, and it is no parameter."""
     p, c = lk.producer, lk.consumer
     (pk, p_arg), (ck, c_arg) = producer, consumer
     p_refs, c_refs = kernel_refs(pk), kernel_refs(ck)
@@ -232,12 +275,11 @@ def _fused_kernel(
     n_in = len(p.inputs)
     p_out = p_refs[n_in]
     p_kw = [q.name.value for q in pk.params.kwonly_params]
-    c_kw = [q.name.value for q in ck.params.kwonly_params]
-    taken = set(p_refs) | set(p_kw) | used_names(pk.body)
-    renames = {r: fresh_name(taken | set(c_refs) | set(c_kw), r) for r in (*c_refs, *c_kw) if r in taken}
+    renames = _consumer_renames(pk, ck)
     h = c_refs[lk.operand]
     renames[h] = p_out  # the consumer reads the producer's finished block
-    c_in = [renames.get(r, r) for i, r in enumerate(c_refs[: len(c.inputs)]) if i != lk.operand]
+    renames |= {c_refs[i]: p_refs[j] for i, j in shared.items()}
+    c_in = [renames.get(r, r) for i, r in enumerate(c_refs[: len(c.inputs)]) if i != lk.operand and i not in shared]
     c_rest = [renames.get(r, r) for r in c_refs[len(c.inputs) :]]
     c_out, c_scr = c_rest[: len(c.outputs)], c_rest[len(c.outputs) :]
     c_body = rename_names(ck.body, renames)
@@ -271,8 +313,7 @@ def _fused_kernel(
     text = f"def {name}({', '.join([*params, *(['*', *keywords] if keywords else [])])}):\n    pass\n"
     shell = cst.parse_statement(text)
     assert isinstance(shell, cst.FunctionDef)
-    c_bound = tuple((renames.get(k, k), v) for k, v in c_arg.keywords)
-    return shell.with_changes(body=p_body.with_changes(body=stmts)), c_bound
+    return shell.with_changes(body=p_body.with_changes(body=stmts))
 
 
 def _keyword_params(fn: cst.FunctionDef, renames: dict[str, str]) -> list[str]:
@@ -335,9 +376,10 @@ def _fused_call(
     kernel: tuple[str, KernelArg, KernelArg],
     pltpu: str,
     edits: dict[cst.CSTNode, cst.CSTNode],
-) -> None:
+) -> dict[int, int]:
     """Turn the consumer's pallas_call into the fused one, fed the producer's operands; the producer's result is
-    only shape-traced (`jax.eval_shape`) where the wrapper still reads its shape."""
+    only shape-traced (`jax.eval_shape`) where the wrapper still reads its shape. Returns the consumer inputs that
+    read the same array in the same blocks as a producer input (`_shared_inputs`): the fused call takes them once."""
     p, c = lk.producer, lk.consumer
     module = loc.wrapper.module
     names = module_names(module)
@@ -348,7 +390,7 @@ def _fused_call(
     p_ops, defaults = _operands_in_consumer_scope(
         loc, lk, p_site.operands, p_node, c_node, c_site.operands[lk.operand], edits
     )
-    c_ops = [o for i, o in enumerate(c_site.operands) if i != lk.operand]
+    c_ops = list(c_site.operands)
     grid_names = [f"g{i}" for i in range(len(lk.order))]
     p_axis = {a: i for i, a in enumerate(lk.order)}
     p_specs = spec_list(loc, p_node, "in_specs")
@@ -361,10 +403,17 @@ def _fused_call(
     # function: written as the traced sizes they would hold only at the traced dims.
     same_fn = enclosing_function(loc, p_node) is enclosing_function(loc, c_node)
     p_names = scope_names if same_fn else names
-    in_specs = [_spec(s, o, grid_names, p_axis, p_names) for s, o in zip(p_specs, p.inputs, strict=True)]
-    c_spec = _consumer_spec(loc, lk, p_node, grid_names, p_axis, scope_names, p_names)
-    in_specs += [c_spec(s, o) for i, (s, o) in enumerate(zip(c_specs, c.inputs, strict=True)) if i != lk.operand]
+    whole = _whole_dims(lk, p_ops, c_ops, scope_names)
+    p_whole = {a: whole.get(i, {}) for a, i in p_axis.items()}
+    in_specs = [
+        _spec(s, o, grid_names, p_axis, p_names, _whole_block(s, o, p_whole, p_names))
+        for s, o in zip(p_specs, p.inputs, strict=True)
+    ]
+    c_spec = _consumer_spec(loc, lk, p_node, grid_names, p_axis, scope_names, p_names, whole)
+    c_in_specs = [c_spec(s, o) for i, (s, o) in enumerate(zip(c_specs, c.inputs, strict=True)) if i != lk.operand]
     out_specs = [c_spec(s, o) for s, o in zip(c_outs, c.outputs, strict=True)]
+    shared = _shared_inputs(loc, lk, c_node, (p_ops, c_site.operands), (in_specs, c_in_specs), same_fn)
+    in_specs += [sp for i, sp in zip(_others(lk), c_in_specs, strict=True) if i not in shared]
     grid = _grid(loc, lk, p_node, c_node, p_ops, p_names if same_fn else names)
     scratch = [*_scratch(loc, p_node, p, p_names, defaults), *_scratch(loc, c_node, c, scope_names)]
     out = p.outputs[0]
@@ -402,7 +451,7 @@ def _fused_call(
     new_call = c_node.with_changes(args=args)
     for key, value in new_kw.items():
         new_call = set_keyword(new_call, key, value)
-    apply_args = [cst.Arg(o) for o in (*p_ops, *c_ops)]
+    apply_args = [cst.Arg(o) for o in (*p_ops, *(c_ops[i] for i in _others(lk) if i < len(c_ops) and i not in shared))]
     if c_site.star is not None:  # `*rest` holds the consumer's last operands, read as they were
         apply_args.append(cst.Arg(c_site.star, star="*"))
     check(c_site.apply not in edits, "the consumer's operands and call overlap the producer's")
@@ -414,6 +463,84 @@ def _fused_call(
     if reshape_to is not None:
         applied = cst.Call(func=cst.Attribute(value=applied, attr=cst.Name("reshape")), args=[cst.Arg(reshape_to)])
     edits[c_site.apply] = applied
+    return shared
+
+
+def _others(lk: Link) -> list[int]:
+    """The consumer's inputs other than the intermediate, by index."""
+    return [i for i in range(len(lk.consumer.inputs)) if i != lk.operand]
+
+
+def _shared_inputs(
+    loc: Located,
+    lk: Link,
+    c_node: cst.Call,
+    operands: tuple[Sequence[cst.BaseExpression], Sequence[cst.BaseExpression]],
+    specs: tuple[Sequence[cst.Call], Sequence[cst.Call]],
+    same_fn: bool,
+) -> dict[int, int]:
+    """Consumer input index -> producer input index, for consumer inputs that name the same array as a producer input
+    (one name, never rebound in the function around both calls) with the same fused BlockSpec: the same block on
+    every step, which the fused call reads once (a norm and the scaling of the rows it normed both read `x`)."""
+    if not same_fn:
+        return {}
+    fn = enclosing_function(loc, c_node)
+    rebound = bound_names(fn.body) if fn is not None else set()
+    (p_ops, c_ops), (p_specs, c_specs) = operands, specs
+    out: dict[int, int] = {}
+    for i, spec in zip(_others(lk), c_specs, strict=True):
+        op = c_ops[i] if i < len(c_ops) else None  # past the operands written out: a `*rest` holds them
+        if not isinstance(op, cst.Name) or op.value in rebound:
+            continue
+        for j, (p_op, p_spec) in enumerate(zip(p_ops, p_specs, strict=True)):
+            if isinstance(p_op, cst.Name) and p_op.value == op.value and code(p_spec) == code(spec):
+                out[i] = j
+                break
+    return out
+
+
+def _whole_dims(
+    lk: Link, p_ops: Sequence[cst.BaseExpression], c_ops: Sequence[cst.BaseExpression], names: set[str]
+) -> dict[int, dict[int, str]]:
+    """For each fused grid position given one whole step (`Link.whole`): array size -> an expression of it in the
+    wrapper (`x.shape[1]`), from the inputs either call walks along that axis."""
+    pos = {a: i for i, a in enumerate(lk.order)}
+    out: dict[int, dict[int, str]] = {pos[a]: {} for a in lk.whole}
+    sides = ((lk.producer, p_ops, dict(pos)), (lk.consumer, c_ops, {c: pos[a] for c, a in enumerate(lk.sigma)}))
+    for call, ops, where in sides:
+        for i, (o, expr) in enumerate(zip(call.inputs, ops, strict=False)):
+            if (call is lk.consumer and i == lk.operand) or not portable(expr, names):
+                continue
+            assert o.index_map.affine is not None
+            for d, row in enumerate(o.index_map.affine):
+                k = where.get(unit_row(row))  # type: ignore[arg-type]
+                if k in out:
+                    out[k].setdefault(o.shape[d], f"{code(expr)}.shape[{d}]")
+    return out
+
+
+def _whole_block(
+    spec: cst.BaseExpression | None, o: Operand, whole: dict[int, dict[int, str]], names: set[str]
+) -> str | None:
+    """The block of operand `o` with each dim its grid axis `a` walks spanning the whole array dim (`whole[a]`: size
+    -> expression, for the axes given one whole step); None when no dim is."""
+    assert o.index_map.affine is not None
+    axes = [unit_row(row) for row in o.index_map.affine]
+    hit = {d: whole[a] for d, a in enumerate(axes) if isinstance(a, int) and whole.get(a)}
+    if not hit:
+        return None
+    shape, _ = blockspec_parts(spec) if is_blockspec(spec) else (None, None)
+    written = shape.elements if isinstance(shape, cst.Tuple | cst.List) else ()
+    items = []
+    for d, b in enumerate(o.block_shape):
+        if d in hit:
+            check(o.shape[d] in hit[d], f"no input gives the size of {o.name} dim {d} in the wrapper")
+            items.append(hit[d][o.shape[d]])
+        elif len(written) == len(o.block_shape) and portable(written[d].value, names):
+            items.append(code(written[d].value))
+        else:
+            items.append("None" if b is None else str(b))
+    return code(tuple_expr(items))
 
 
 def _kept(o: Operand) -> list[int]:
@@ -429,6 +556,7 @@ def _consumer_spec(
     p_axis: dict[int, int],
     scope_names: set[str],
     p_names: set[str],
+    whole: dict[int, dict[int, str]],
 ) -> Any:
     """How each consumer operand's BlockSpec reads over the fused grid: as it was (its blocks kept), or, for a
     reblocked (elementwise) consumer, blocked exactly like the producer's output, and its per-column rows (1, C)
@@ -437,7 +565,8 @@ def _consumer_spec(
     out, h = p.outputs[0], c.inputs[lk.operand]
     if not lk.reblock:
         c_axis = {a: a for a in range(len(c.grid))}
-        return lambda s, o: _spec(s, o, grid_names, c_axis, scope_names)
+        c_whole = {a: whole.get(a, {}) for a in c_axis}
+        return lambda s, o: _spec(s, o, grid_names, c_axis, scope_names, _whole_block(s, o, c_whole, scope_names))
     p_out_spec = spec_list(loc, p_node, "out_specs")
     shape, _ = blockspec_parts(p_out_spec[0] if len(p_out_spec) == 1 else None)
     c_block = block_text(shape, out.block_shape, p_names)
@@ -665,7 +794,8 @@ def _grid(
             "the consumer's grid is not a tuple",
         )
         assert isinstance(grid, cst.Tuple)
-        items = [e.value for e in grid.elements]
+        ones = {c for c, a in enumerate(lk.sigma) if a in lk.whole}  # one step over the whole dim
+        items = [cst.Integer("1") if c in ones else e.value for c, e in enumerate(grid.elements)]
     axes = lk.inner if not lk.reblock else lk.order
     p_specs = spec_list(loc, p_node, "in_specs")
     for axis in axes:
@@ -755,7 +885,7 @@ def _verify(before: KernelIR, after: KernelIR, lk: Link) -> None:
     """The rewrite traced to one call fewer, with the consumer's outputs, over the fused grid."""
     check(len(after.calls) == len(before.calls) - 1, f"the rewrite traced to {len(after.calls)} pallas_calls")
     got = after.calls[lk.consumer.index - 1]
-    want_grid = tuple(lk.producer.grid[a] for a in lk.order)
+    want_grid = tuple(1 if a in lk.whole else lk.producer.grid[a] for a in lk.order)
     check(got.grid == want_grid, f"the fused call traced to grid {got.grid}, not {want_grid}")
     want = [(o.shape, o.dtype) for o in lk.consumer.outputs]
     if lk.reshaped is not None:  # written in the producer's shape, reshaped back to rows in the wrapper
