@@ -26,6 +26,7 @@ from .multi_buffer import MultiBufferPass
 from .online_softmax import OnlineSoftmaxPass
 from .pad_in_kernel import PadInKernelPass
 from .reshape_in_kernel import ReshapeInKernelPass
+from .sigmoid_tanh import SigmoidTanhPass
 from .single_buffer import SingleBufferPass
 from .skip_masked_blocks import SkipMaskedBlocksPass
 from .skip_masked_chunks import SkipMaskedChunksPass
@@ -51,6 +52,7 @@ PASSES: tuple[type[Pass], ...] = (
     FusePass,
     EpiloguePass,
     FoldLastStepPass,
+    SigmoidTanhPass,
     LayoutPass,
     PadInKernelPass,
     ReshapeInKernelPass,
