@@ -73,13 +73,15 @@ class SigmoidTanhPass(Pass):
         helpers = [_helper(f"def {sig}(v):\n    return 0.5 * {jnp}.tanh(0.5 * v) + 0.5\n", SIGMOID_DOC)]
         if any(kind == "silu" for kind in found.values()):
             helpers.append(_helper(f"def {silu}(v):\n    return v * {sig}(v)\n", SILU_DOC))
-        placed = cst.FlattenSentinel([*helpers, new_kernel.with_changes(leading_lines=[cst.EmptyLine()] * 2)])
+        helpers[0] = helpers[0].with_changes(leading_lines=kernel.leading_lines)  # the kernel's own blank lines
+        placed = cst.FlattenSentinel([*helpers, new_kernel.with_changes(leading_lines=GAP)])
         new = ir.with_module(replace_many(ir.module, {kernel: placed}), self.spec())  # type: ignore[dict-item]
         got = new.calls[self.call]
         check(got.grid == facts.grid and got.operands == facts.operands, "the rewrite changed the call's blocks")
         return new
 
 
+GAP = [cst.EmptyLine(indent=False)] * 2  # blank lines before each function the pass writes
 SIGMOID_DOC = "sigmoid(v) as one tanh and a multiply-add (pallasopt sigmoid-tanh: Mosaic's logistic divides)."
 SILU_DOC = "silu(v) = v * sigmoid(v), the sigmoid as one tanh (pallasopt sigmoid-tanh)."
 
@@ -90,7 +92,7 @@ def _helper(text: str, doc: str) -> cst.FunctionDef:
     assert isinstance(fn, cst.FunctionDef) and isinstance(fn.body, cst.IndentedBlock)
     docline = cst.parse_statement(f'"""{doc}"""\n')
     body = fn.body.with_changes(body=[docline, *fn.body.body])
-    return fn.with_changes(body=body, leading_lines=[cst.EmptyLine()] * 2)
+    return fn.with_changes(body=body, leading_lines=GAP)
 
 
 def _plan(ir: KernelIR, facts: CallFacts) -> tuple[cst.FunctionDef, dict[cst.CSTNode, str]]:
