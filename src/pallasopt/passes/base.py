@@ -9,7 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from ..errors import PassNotApplicable, ProblemChanged, UsageError
+from ..errors import PassNotApplicable, ProblemChanged, UsageError, check
+from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 
 if TYPE_CHECKING:
@@ -131,3 +132,12 @@ def per_input_choices(ir: KernelIR, make: Callable[[int, int], P], viable: Calla
                 continue
             out.append(choice)
     return tuple(out)
+
+
+def own_call(ir: KernelIR, index: int) -> CallFacts:
+    """The facts of pallas_call `index`, for a pass that rewrites its kernel: declines an index the module does not
+    have and a call inside a library function (its kernel is not the module's to edit)."""
+    check(0 <= index < len(ir.calls), f"no pallas_call #{index}")
+    facts = ir.calls[index]
+    check(facts.library_site is None, "the call is inside a library function")
+    return facts

@@ -27,7 +27,7 @@ from ..ir.matchers import (
     pl_alias,
     used_names,
 )
-from .base import Pass
+from .base import Pass, own_call
 
 ELLIPSIS = m.Subscript(value=m.Name(), slice=[m.SubscriptElement(slice=m.Index(value=m.Ellipsis()))])
 
@@ -67,9 +67,7 @@ class FoldLastStepPass(Pass):
         return tuple(out)
 
     def apply(self, ir: KernelIR) -> KernelIR:
-        check(0 <= self.call < len(ir.calls), f"no pallas_call #{self.call}")
-        facts = ir.calls[self.call]
-        check(facts.library_site is None, "the call is inside a library function")
+        facts = own_call(ir, self.call)
         kernel, new_kernel = _plan(ir, facts)
         new = ir.with_module(replace_many(ir.module, {kernel: new_kernel}), self.spec())
         got = new.calls[self.call]

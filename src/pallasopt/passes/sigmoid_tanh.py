@@ -15,7 +15,7 @@ from ..ir.cst_edit import replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import Located, code, find_call_node, jnp_alias, kernel_body, module_alias, module_names
-from .base import Pass
+from .base import Pass, own_call
 
 # The functions rewritten, by dotted name: a sigmoid of the argument, or the argument times its sigmoid.
 SIGMOIDS = ("jax.nn.sigmoid", "jax.lax.logistic")
@@ -59,9 +59,7 @@ class SigmoidTanhPass(Pass):
         return tuple(out)
 
     def apply(self, ir: KernelIR) -> KernelIR:
-        check(0 <= self.call < len(ir.calls), f"no pallas_call #{self.call}")
-        facts = ir.calls[self.call]
-        check(facts.library_site is None, "the call is inside a library function")
+        facts = own_call(ir, self.call)
         kernel, found = _plan(ir, facts)
         jnp = jnp_alias(ir.module)
         check(jnp is not None, "the module does not import jax.numpy")
