@@ -103,6 +103,24 @@ def test_a_norm_then_its_scaling_fuse_over_whole_rows() -> None:
     assert ")(x, g.reshape(1, N))" in src
 
 
+def test_whole_columns_when_the_walked_axis_is_the_consumers_first() -> None:
+    """Column sums, then the columns centred: the axis taken whole is the consumer's axis 0 (its rows), and the
+    fused blocks span the rows (`x.shape[0]`); a map walking that axis backwards declines (`False == 0` in Python
+    must not read as axis 0)."""
+    path = KERNELS / "col_center.py"
+    new = FusePass(producer=0).apply(load("col_center"))
+    (fused,) = new.calls
+    assert fused.grid == (1, 2) and [o.block_shape for o in fused.operands] == [(256, 128), (256, 128)]
+    assert "grid=(1, N // TN)," in new.source and "pl.BlockSpec((x.shape[0], TN)" in new.source
+    text = path.read_text().replace(
+        "out_specs=pl.BlockSpec((TM, TN), lambda i, j: (i, j)),",
+        "out_specs=pl.BlockSpec((TM, TN), lambda i, j: (M // TM - 1 - i, j)),",
+    )
+    assert "M // TM - 1 - i" in text
+    with pytest.raises(PassNotApplicable, match="out0 block dim 0 is not indexed by that axis alone"):
+        FusePass(producer=0).apply(KernelIR.from_source(text, str(path)))
+
+
 def test_whole_rows_past_the_default_vmem_raise_the_limit() -> None:
     """Whole rows grow with the array: where the fused blocks overflow the default scoped VMEM (16 MiB on a v5e),
     the choice carries the limit that holds them, and the fused call is given it."""
@@ -207,6 +225,7 @@ def test_reshape_declines(edits: dict[str, str], why: str) -> None:
         ("helpers_with_keywords", ["fuse{producer=0}"]),
         ("reshape_rows", ["fuse{producer=0}"]),
         ("rms_rows", ["fuse{producer=0}", "tile{call=0,ROWS=128},fuse{producer=0}"]),
+        ("col_center", ["fuse{producer=0}"]),
     ],
 )
 def test_fused_kernels_match_the_reference(name: str, recipes: list[str]) -> None:

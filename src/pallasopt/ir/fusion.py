@@ -199,7 +199,8 @@ def walks_whole(call: CallFacts, axis: int) -> str | None:
         for d, row in enumerate(o.index_map.affine):
             if row[axis] == 0:
                 continue
-            if unit_row(row) != axis or o.block_shape[d] is None:
+            walked = unit_row(row)
+            if walked is False or walked != axis or o.block_shape[d] is None:  # False == 0 in Python
                 return f"its {o.name} block dim {d} is not indexed by that axis alone with stride 1"
             inputs += o.role == "in"
     return None if inputs else "no input walks it"

@@ -513,7 +513,8 @@ def _whole_dims(
                 continue
             assert o.index_map.affine is not None
             for d, row in enumerate(o.index_map.affine):
-                k = where.get(unit_row(row))  # type: ignore[arg-type]
+                axis = unit_row(row)
+                k = where.get(axis) if type(axis) is int else None  # not False (== 0) or None
                 if k in out:
                     out[k].setdefault(o.shape[d], f"{code(expr)}.shape[{d}]")
     return out
@@ -526,7 +527,7 @@ def _whole_block(
     -> expression, for the axes given one whole step); None when no dim is."""
     assert o.index_map.affine is not None
     axes = [unit_row(row) for row in o.index_map.affine]
-    hit = {d: whole[a] for d, a in enumerate(axes) if isinstance(a, int) and whole.get(a)}
+    hit = {d: whole[a] for d, a in enumerate(axes) if type(a) is int and whole.get(a)}  # not False (== 0)
     if not hit:
         return None
     shape, _ = blockspec_parts(spec) if is_blockspec(spec) else (None, None)
