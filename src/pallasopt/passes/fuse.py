@@ -62,7 +62,7 @@ from ..ir.matchers import (
 )
 from .base import Pass
 from .tile import TilePass, knobs_of
-from .vmem_limit import STEPS_MIB
+from .vmem_limit import smallest_step
 
 # Keywords of the consumer's pallas_call that describe its old grid: dropped from the fused call (later passes
 # re-derive dimension semantics, VMEM limit and cost estimate for the fused kernel).
@@ -141,8 +141,8 @@ def _with_vmem(p: FusePass, ir: KernelIR, chip: Chip) -> FusePass:
     need = vmem_footprint(fused, chip)
     if chip.is_gpu or need <= limit * 0.9:
         return p
-    fits = [mib for mib in STEPS_MIB if mib * 2**20 > limit and need <= mib * 2**20 * 0.9 <= chip.vmem_bytes * 0.9]
-    return replace(p, vmem_mib=fits[0]) if fits else p
+    mib = smallest_step(need, limit, chip)
+    return replace(p, vmem_mib=mib) if mib else p
 
 
 def _retiled(ir: KernelIR, producer: int) -> KernelIR:
@@ -196,7 +196,7 @@ def _fuse(ir: KernelIR, lk: Link) -> cst.Module:
     c_bound = tuple((renames.get(k, k), v) for k, v in c_arg.keywords)
     kernel = KernelArg(partial=c_arg.partial or p_arg.partial, keywords=c_bound)
     shared = _fused_call(loc, lk, p_node, c_node, (fused_name, p_arg, kernel), pltpu, edits)
-    fused = _fused_kernel(lk, (p_kernel, p_arg), (c_kernel, c_arg), fused_name, pl_alias(module), shared)
+    fused = _fused_kernel(lk, (p_kernel, p_arg), (c_kernel, c_arg), fused_name, pl_alias(module), shared, renames)
     spaced = fused.with_changes(leading_lines=[cst.EmptyLine()] * 2)
     edits[c_kernel] = cst.FlattenSentinel([c_kernel, spaced])  # type: ignore[assignment]
     return replace_many(loc.wrapper.module, edits)
@@ -252,11 +252,12 @@ def _fused_kernel(
     name: str,
     pl: str,
     shared: dict[int, int],
+    renames: dict[str, str],
 ) -> cst.FunctionDef:
     """`def fused(p_inputs, c_inputs but h, c_outputs, p_scratch, c_scratch, h_block, *, p_kw, c_kw)`: the
     producer's body with its output ref turned into the last scratch, then the consumer's body on it when the block
     is finished. Keyword-only parameters the calls bind through functools.partial stay keywords (the consumer's
-    renamed where the producer uses the name, `_consumer_renames`). A consumer input `i` in `shared` reads the same
+    renamed where the producer uses the name: `renames`, from `_consumer_renames`). A consumer input `i` in `shared` reads the same
     block as producer input `shared[i]` on every step: the consumer's body reads that ref, and it is no parameter."""
     p, c = lk.producer, lk.consumer
     (pk, p_arg), (ck, c_arg) = producer, consumer
@@ -275,7 +276,7 @@ def _fused_kernel(
     n_in = len(p.inputs)
     p_out = p_refs[n_in]
     p_kw = [q.name.value for q in pk.params.kwonly_params]
-    renames = _consumer_renames(pk, ck)
+    renames = dict(renames)  # the caller's stays as given
     h = c_refs[lk.operand]
     renames[h] = p_out  # the consumer reads the producer's finished block
     renames |= {c_refs[i]: p_refs[j] for i, j in shared.items()}

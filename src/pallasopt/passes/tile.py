@@ -20,7 +20,7 @@ from ..ir.facts import BodyStats, CallFacts, Operand, Scratch
 from ..ir.kernel_ir import KernelIR
 from ..ir.knobs import Knob, discover_knobs, scaled_values, tied, untie
 from .base import Pass
-from .vmem_limit import STEPS_MIB
+from .vmem_limit import smallest_step
 
 SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -260,8 +260,7 @@ def _vmem_mib(call: CallFacts, new: CallFacts, chip: Chip) -> int | None:
         return 0
     if chip.is_gpu or vmem_footprint(call, chip) <= limit * 0.5:
         return None
-    fits = [m for m in STEPS_MIB if m * 2**20 > limit and need <= m * 2**20 * 0.9 <= chip.vmem_bytes * 0.9]
-    return fits[0] if fits else None
+    return smallest_step(need, limit, chip)
 
 
 def _sharing(all_knobs: tuple[Knob, ...], knob: Knob) -> list[Knob]:

@@ -17,6 +17,13 @@ from .base import Pass
 STEPS_MIB = (32, 64, 96)
 
 
+def smallest_step(need: int, limit: int, chip: Chip) -> int | None:
+    """The smallest of `STEPS_MIB` above the call's scoped `limit` that holds `need` bytes of blocks with 10% to
+    spare, on a chip with that much VMEM (None: none does)."""
+    fits = [m for m in STEPS_MIB if m * 2**20 > limit and need <= m * 2**20 * 0.9 <= chip.vmem_bytes * 0.9]
+    return fits[0] if fits else None
+
+
 @dataclass(frozen=True)
 class VmemLimitPass(Pass):
     """Set `vmem_limit_bytes` of one pallas_call to `mib` MiB.
