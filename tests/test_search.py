@@ -717,3 +717,38 @@ def test_a_structural_step_gets_its_own_composite_when_the_fold_reaches_the_dept
     (made,) = [info["recipes"] for kind, info in events if kind == "composed"]
     assert len(made) == 2 and made[0].split("},")[0] == made[1].split("},")[0], made  # the same best step first
     assert made[0].split("},")[1].startswith("tile{call=1") and made[1].split("},")[1].startswith("fuse{"), made
+
+
+def test_a_body_rewrite_the_model_cannot_rank_gets_a_compile() -> None:
+    """fused_28 (2026-12-06 bench): `sigmoid-tanh` on the best state has that state's blocks, grid and model time,
+    and the tile choices the model put a hair ahead took every compile of the depth, so the compiler never saw it
+    (0.430 -> 0.4245 ms [C] by hand). A body rewrite of a compiled parent is moved to second place in the compile
+    order; one of an uncompiled parent, or a choice that changes blocks, is not."""
+    from pallasopt.passes.sigmoid_tanh import SigmoidTanhPass
+    from pallasopt.search.candidates import body_rewrite, body_rewrites_first
+    from pallasopt.search.node import Node
+
+    root_ir = KernelIR.from_file(ROOT / "bench" / "kernels" / "fused_28_swish_scale_bias.py")
+    root = Node((), root_ir.digest, None, 0, root_ir)
+    root.results["model"] = TierResult("model", True, 1.0e-3, "")
+    root.results["compiler"] = TierResult("compiler", True, 0.9e-3, "")
+
+    def child(p: Pass, model_s: float) -> Node:
+        ir = p.rewrite(root_ir)
+        n = Node((p.spec(),), ir.digest, root.digest, 1, ir)
+        n.results["model"] = TierResult("model", True, model_s, "")
+        return n
+
+    tiles = [child(p, 0.9e-3 + i * 1e-6) for i, p in enumerate(TilePass.choices(root_ir, V5E)[:9])]
+    body = child(SigmoidTanhPass(call=0), 1.0e-3)
+    assert body_rewrite(body, root) and not any(body_rewrite(t, root) for t in tiles)
+    ordered = [*tiles, body]
+    out = body_rewrites_first(ordered, 8, lambda n: root if n.parent == root.digest else None, lambda n: (0.0, n.spec))
+    assert out[0] is tiles[0] and out[1] is body and out[2:] == tiles[1:]
+    # the parent never compiled (nothing says the body matters there): the model's order stands
+    del root.results["compiler"]
+    assert body_rewrites_first(ordered, 8, lambda n: root, lambda n: (0.0, n.spec)) == ordered
+    # a body rewrite the model times differently (it sees the change) is ranked by the model
+    root.results["compiler"] = TierResult("compiler", True, 0.9e-3, "")
+    body.results["model"] = TierResult("model", True, 0.95e-3, "")
+    assert not body_rewrite(body, root)

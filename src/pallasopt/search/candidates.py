@@ -151,6 +151,60 @@ def share_calls(ordered: list[Node], prune: int | None) -> tuple[list[Node], int
     return first + [n for n in ordered if n.digest not in chosen], len(first)
 
 
+# At most one in this many of a depth's compiles goes to a body rewrite the model cannot rank (`body_rewrites_first`).
+# Chosen, not fitted: a beam-4 search compiles 8 per depth, so 2 of them.
+BODY_REWRITE_SHARE = 4
+
+
+def layout_of(n: Node) -> tuple[object, ...]:
+    """What the roofline model times a candidate by, call by call: grid, block shapes and buffer counts, dimension
+    semantics and scratch count. Two candidates with the same layout and different bodies differ only where the
+    model does not look (the vector and transcendental work of the body)."""
+    assert n.ir is not None
+    return tuple(
+        (c.grid, tuple((o.block_shape, o.buffer_count) for o in c.operands), c.dimension_semantics, len(c.scratch))
+        for c in n.ir.calls
+    )
+
+
+def body_rewrite(n: Node, parent: Node | None) -> bool:
+    """Whether `n` rewrites only its parent's kernel bodies: the same layout (`layout_of`) and model time, another
+    body. The model's time for it is its parent's by construction, so its order in the model's list says nothing."""
+    if parent is None or parent.ir is None or n.ir is None or len(n.parents) != 1:
+        return False
+    if n.results["model"].time_s != parent.results.get("model", n.results["model"]).time_s:
+        return False
+    same_bodies = all(a.body == b.body for a, b in zip(n.ir.calls, parent.ir.calls, strict=False))
+    return layout_of(n) == layout_of(parent) and not same_bodies
+
+
+def body_rewrites_first(
+    ordered: list[Node],
+    prune: int | None,
+    parent_of: Callable[[Node], Node | None],
+    parent_key: Callable[[Node], tuple[float, str]],
+) -> list[Node]:
+    """`ordered` (the compile order) with up to `prune // BODY_REWRITE_SHARE` (at least one) body rewrites
+    (`body_rewrite`) of parents that passed the compiler tier moved to second place, those of the best-ranked
+    parents (`parent_key`) first; the first candidate stays first, the rest keep their order.
+
+    A body rewrite has its parent's model time, and the model ranks a memory-bound kernel by its bytes only: the
+    2026-12-06 bench (merged-2765dca) never compiled `sigmoid-tanh` on fused_28's best (0.430 -> 0.4245 ms [C], XLA
+    0.426), as eight tile choices the model put a hair ahead took every compile of the depth. The compiler tier sees
+    the body (libtpu's static schedule: a logistic 0.081 ms per 2^25 f32 elements against tanh's 0.0117), so it
+    ranks them."""
+    if prune is None or len(ordered) < 2:
+        return ordered
+    found = []
+    for n in ordered[1:]:
+        parent = parent_of(n)
+        if parent is not None and parent.passed("compiler") and body_rewrite(n, parent):
+            found.append((parent_key(parent), n))
+    picks = [n for _, n in sorted(found, key=lambda kn: kn[0])[: max(1, prune // BODY_REWRITE_SHARE)]]
+    chosen = {n.digest for n in picks}
+    return [ordered[0], *picks, *(n for n in ordered[1:] if n.digest not in chosen)]
+
+
 def step_leaders(state: Node, ordered: Sequence[Node], faster: Callable[[Node], bool]) -> list[Node]:
     """The children of `state` whose steps `Funnel.compose` applies one after the other, in that order: among those
     `faster` than `state`, taken in `ordered` order, the best of each (pass, call) group (its `call=` parameter; one

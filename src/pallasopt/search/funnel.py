@@ -24,6 +24,7 @@ from ..ir.kernel_ir import KernelIR
 from ..passes.base import Pass
 from .candidates import (
     apply_choice,
+    body_rewrites_first,
     evaluate_baseline,
     one_per_signature,
     share_calls,
@@ -381,6 +382,7 @@ class Funnel:
         # Within the model's tie band the fewest-step candidates alternate with its order (cost_model/ties.py).
         ties = tie_order(one_per_signature(alive), lambda n: n.results["model"].time_s or 0.0, _steps)
         ordered, prune = share_calls(ties, prune)
+        ordered = body_rewrites_first(ordered, prune, lambda n: self.nodes.get(n.parent or ""), self.rank_key)
         alive, rest = ordered[:prune], ([] if prune is None else ordered[prune:])
         if self.compile_children:
             passed = self._compile_new(alive, bar)
