@@ -25,6 +25,7 @@ from .matchers import (
     keyword,
     pallas_call_nodes,
     pltpu_alias,
+    resolve,
     resolve_local,
     used_names,
 )
@@ -426,3 +427,23 @@ def ref_via_scratch(
         first = 1  # keep the docstring first
     new_body = body.with_changes(body=[*stmts[:first], *prologue, *stmts[first:]])
     return kernel.with_changes(params=kernel.params.with_changes(params=params), body=new_body)
+
+
+def append_grid_axis(loc: Located, node: cst.Call, extent: str, edits: dict[cst.CSTNode, cst.CSTNode]) -> None:
+    """Append an axis of `extent` (source text) to the call's grid, innermost, as an entry of `edits`: in the grid's
+    tuple literal (followed through a local name), else as `(grid, extent)`."""
+    holder, arg = grid_spec_keyword(loc, node, "grid")
+    check(arg is not None, "the pallas_call has no grid= to extend")
+    assert arg is not None
+    value = arg.value
+    target = resolve(loc, holder, value)
+    if isinstance(target, cst.Tuple) and target.elements:
+        elems = list(target.elements)
+        elems[-1] = elems[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        new = target.with_changes(elements=[*elems, cst.Element(cst.parse_expression(extent))])
+        check(target not in edits, "the grid is shared with another edited node")
+        edits[target] = new
+        return
+    check(not isinstance(target, cst.Tuple | cst.List), "the grid is an empty or list literal")
+    new_value = cst.parse_expression(f"({code(value)}, {extent})")
+    edits[arg] = arg.with_changes(value=new_value)

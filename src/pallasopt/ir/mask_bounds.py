@@ -317,6 +317,37 @@ def bound_on_axis(
     return "hi", f"{_atom(rest)} // {k}" if coef != "1" else rest  # rest - k*j >= 0  <=>  j <= rest // k
 
 
+def clamp_text(
+    j: str,
+    mask: Mask,
+    axis: int,
+    sign_of: Callable[[str], int | None],
+    pid_text: Callable[[int], str],
+    pl: str,
+    jnp: str,
+) -> str | None:
+    """Source text of block index `j` along grid axis `axis` clamped into the range of blocks `mask` needs for the
+    other axes' indices (`pid_text`): `jnp.maximum` / `jnp.minimum` with each constraint's bound (`bound_on_axis`),
+    then kept on the grid for rows with no needed block (a lone `min(j, hi)` stays <= j, `max(j, lo)` >= j). A step
+    outside the range repeats the index of the nearest needed one, so the pipeline issues no DMA for it. None when no
+    constraint bounds the axis."""
+    bounds = [bound_on_axis(c, axis, sign_of, pid_text) for c in mask.constraints()]
+    los = [b[1] for b in bounds if b is not None and b[0] == "lo"]
+    his = [b[1] for b in bounds if b is not None and b[0] == "hi"]
+    if not (los or his):
+        return None
+    expr = j
+    for lo in los:
+        expr = f"{jnp}.maximum({expr}, {lo})"
+    for hi in his:
+        expr = f"{jnp}.minimum({expr}, {hi})"
+    if his:
+        expr = f"{jnp}.maximum({expr}, 0)"
+    if los:
+        expr = f"{jnp}.minimum({expr}, {pl}.num_programs({axis}) - 1)"
+    return expr
+
+
 _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,

@@ -10,7 +10,7 @@ name; `for`, `with ... as`, `except ... as`, `import`, augmented, annotated and 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import libcst as cst
 import libcst.matchers as m
@@ -79,6 +79,24 @@ def _assigns(stmts: list[cst.BaseStatement]) -> list[tuple[cst.BaseExpression, c
     return out
 
 
+def _shape_unpacks(stmts: list[cst.BaseStatement]) -> list[tuple[str, cst.BaseExpression]]:
+    """`rows, keys = x.shape` at the top level, as (`rows`, `x.shape[0]`), (`keys`, `x.shape[1]`)."""
+    out: list[tuple[str, cst.BaseExpression]] = []
+    for s in stmts:
+        for small in s.body if isinstance(s, cst.SimpleStatementLine) else ():
+            if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+                continue
+            t, v = small.targets[0].target, small.value
+            if not (isinstance(t, cst.Tuple) and isinstance(v, cst.Attribute) and v.attr.value == "shape"):
+                continue
+            if all(isinstance(e, cst.Element) and isinstance(e.value, cst.Name) for e in t.elements):
+                for k, e in enumerate(t.elements):
+                    assert isinstance(e.value, cst.Name)
+                    index = cst.SubscriptElement(cst.Index(cst.Integer(str(k))))
+                    out.append((e.value.value, cst.Subscript(v, [index])))
+    return out
+
+
 def _pid_axis(value: cst.BaseExpression) -> int | None:
     arg = value.args[0].value if isinstance(value, cst.Call) and len(value.args) == 1 else None
     return int(arg.evaluated_value) if is_call_to(value, "program_id") and isinstance(arg, cst.Integer) else None
@@ -93,6 +111,9 @@ class Scope:
     rebound: frozenset[str]  # names bound more than once
     sites: Mapping[str, tuple[int, ...]]  # name -> indices of the top-level statements that bind it
     pids: Mapping[str, int]  # bound exactly once, at the top level, to `program_id(axis)`: name -> axis
+    # `env` plus the names bound once by a tuple assignment (`tq, S = r.shape[2], r.shape[3]`) whose values read
+    # none of that statement's targets (so each name is its value, not a swap)
+    values: Mapping[str, cst.BaseExpression] = field(default_factory=dict)
 
     @classmethod
     def of(cls, stmts: list[cst.BaseStatement]) -> Scope:
@@ -105,7 +126,11 @@ class Scope:
         env = {name: v for name, v, plain in single if plain}  # that assignment is the name's only binding
         pids = {name: axis for name, v, _ in single if (axis := _pid_axis(v)) is not None}
         rebound = frozenset(n for n, at in sites.items() if len(at) > 1)
-        return cls(env, frozenset(sites), rebound, sites, pids)
+        pairs = {name: v for name, v, plain in single if not plain}
+        pairs.update((name, v) for name, v in _shape_unpacks(stmts) if name in once)
+        read = {n.value for v in pairs.values() for n in m.findall(v, m.Name()) if isinstance(n, cst.Name)}
+        values = {**{k: v for k, v in pairs.items() if not (read & set(pairs))}, **env}
+        return cls(env, frozenset(sites), rebound, sites, pids, values)
 
     @property
     def opaque(self) -> frozenset[str]:

@@ -11,20 +11,18 @@ import libcst.matchers as m
 from ..cost_model.hardware import Chip
 from ..errors import PassNotApplicable, check
 from ..ir.builders import fresh_name, rename_names
-from ..ir.cst_edit import add_scratch, ensure_pltpu, replace_many
+from ..ir.cst_edit import add_scratch, replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     Located,
     find_call_node,
-    jnp_alias,
     kernel_function,
     keyword,
-    pl_alias,
     spec_nodes,
     used_names,
 )
-from .base import Pass
+from .base import Pass, kernel_site
 
 FLOAT_OUTPUTS = ("float32", "bfloat16", "float16")
 
@@ -71,15 +69,8 @@ class AccumulateInScratchPass(Pass):
         )
         (axis,) = facts.revisited_axes()
         out_op = facts.outputs[self.output]
-        jnp = jnp_alias(ir.module)
-        check(jnp is not None, "the module does not import jax.numpy")
-        module, pltpu = ensure_pltpu(ir.module)
-        pl = pl_alias(module)
-        loc = Located.of(module)
-        node = find_call_node(loc, facts)
-        kernel = kernel_function(loc, node)
-        check(kernel is not None, "cannot find the kernel function")
-        assert kernel is not None
+        site = kernel_site(ir, facts)
+        loc, node, kernel, jnp, pltpu, pl = site.loc, site.node, site.kernel, site.jnp, site.pltpu, site.pl
         params = kernel.params
         check(
             params.star_arg is cst.MaybeSentinel.DEFAULT or isinstance(params.star_arg, cst.ParamStar),

@@ -9,9 +9,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+import libcst as cst
+
 from ..errors import PassNotApplicable, ProblemChanged, UsageError, check
+from ..ir.cst_edit import ensure_pltpu
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
+from ..ir.matchers import Located, find_call_node, jnp_alias, kernel_function, pl_alias
 
 if TYPE_CHECKING:
     from ..cost_model.hardware import Chip
@@ -141,3 +145,31 @@ def own_call(ir: KernelIR, index: int) -> CallFacts:
     facts = ir.calls[index]
     check(facts.library_site is None, "the call is inside a library function")
     return facts
+
+
+@dataclass(frozen=True)
+class KernelSite:
+    """Where a pass edits a pallas_call and its kernel: the module with pallas.tpu imported (`loc`), the aliases of
+    jax.numpy, pallas.tpu and pallas in it, the call node and its module-level kernel def."""
+
+    loc: Located
+    node: cst.Call
+    kernel: cst.FunctionDef
+    jnp: str
+    pltpu: str
+    pl: str
+
+
+def kernel_site(ir: KernelIR, facts: CallFacts, why_jnp: str = "") -> KernelSite:
+    """The `KernelSite` of the call `facts` (pallas.tpu imported when missing); declines a module without jax.numpy
+    (`why_jnp`: what the rewrite needs it for) and a kernel that is not a module-level def."""
+    jnp = jnp_alias(ir.module)
+    check(jnp is not None, f"the module does not import jax.numpy{why_jnp}")
+    assert jnp is not None
+    module, pltpu = ensure_pltpu(ir.module)
+    loc = Located.of(module)
+    node = find_call_node(loc, facts)
+    kernel = kernel_function(loc, node)
+    check(kernel is not None, "cannot find the kernel function (a module-level def)")
+    assert kernel is not None
+    return KernelSite(loc, node, kernel, jnp, pltpu, pl_alias(module))

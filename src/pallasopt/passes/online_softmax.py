@@ -11,27 +11,22 @@ import libcst.matchers as m
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import fresh_name
-from ..ir.cst_edit import add_scratch, ensure_pltpu, replace_many, semantics_edit
+from ..ir.cst_edit import add_scratch, append_grid_axis, replace_many, semantics_edit
 from ..ir.facts import CallFacts, Operand
 from ..ir.kernel_ir import KernelIR, kernel_jaxpr
 from ..ir.matchers import (
     Located,
     blockspec_parts,
     code,
-    find_call_node,
-    grid_spec_keyword,
-    jnp_alias,
-    kernel_function,
     kernel_refs,
     module_alias,
     pallas_call_nodes,
     pl_alias,
-    resolve,
     spec_nodes,
     used_names,
 )
 from ..ir.softmax_form import SoftmaxForm, match_softmax
-from .base import Pass
+from .base import Pass, kernel_site
 
 # Lane-aligned chunk sizes `choices` offers: those below the row length that divide it at the traced dims and at
 # CHECK_DIMS. `apply` takes any multiple of 128 that splits the row (a chunk the check dims do not divide makes the
@@ -117,28 +112,21 @@ class OnlineSoftmaxPass(Pass):
             )
             aff = op.index_map.affine
             check(aff is not None and not any(aff[bdim]), f"input {pos}'s index map moves along the row's dim")
-        jnp = jnp_alias(ir.module)
-        check(jnp is not None, "the module does not import jax.numpy")
-        assert jnp is not None
-        module, pltpu = ensure_pltpu(ir.module)
-        loc = Located.of(module)
-        node = find_call_node(loc, facts)
-        kernel = kernel_function(loc, node)
-        check(kernel is not None, "cannot find the kernel function")
-        assert kernel is not None
+        ks = kernel_site(ir, facts)
+        loc, node, kernel, jnp, pltpu = ks.loc, ks.node, ks.kernel, ks.jnp, ks.pltpu
         refs = kernel_refs(kernel)
         check(refs is not None and len(refs) == len(facts.operands), "the kernel's positional refs do not match")
         assert refs is not None
         const = fresh_name(used_names(loc.wrapper.module), "SOFTMAX_CHUNK")
         edits: dict[cst.CSTNode, cst.CSTNode] = {}
         row_text = _edit_specs(loc, node, facts, dims, const, edits)
-        _edit_grid(loc, node, f"{row_text} // {const}", edits)
+        append_grid_axis(loc, node, f"{row_text} // {const}", edits)
         if facts.dimension_semantics is not None:  # none given: the default ("arbitrary") suits the chunk axis
             edits.update(semantics_edit(loc, node, facts, lambda sem: (*sem, "arbitrary")))
-        pl = pl_alias(module)
+        pl = pl_alias(loc.wrapper.module)
         out_spec = spec_nodes(loc, node)[len(facts.inputs) + form.output]
         scratch = _scratch_texts(out_spec, facts.outputs[form.output], form)
-        lax = module_alias(module, "jax.lax")
+        lax = module_alias(loc.wrapper.module, "jax.lax")
         check(
             lax is not None or form.kind != "cross-entropy", "the module does not import jax (the label pick needs lax)"
         )
@@ -225,25 +213,6 @@ def _edit_specs(
 
 def _replace_arg(call: cst.Call, old: cst.BaseExpression, new: cst.BaseExpression) -> cst.Call:
     return call.with_changes(args=[a.with_changes(value=new) if a.value is old else a for a in call.args])
-
-
-def _edit_grid(loc: Located, node: cst.Call, extent: str, edits: dict[cst.CSTNode, cst.CSTNode]) -> None:
-    """Append the chunk axis (innermost) to the call's grid."""
-    holder, arg = grid_spec_keyword(loc, node, "grid")
-    check(arg is not None, "the pallas_call has no grid= to extend")
-    assert arg is not None
-    value = arg.value
-    target = resolve(loc, holder, value)
-    if isinstance(target, cst.Tuple) and target.elements:
-        elems = list(target.elements)
-        elems[-1] = elems[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        new = target.with_changes(elements=[*elems, cst.Element(cst.parse_expression(extent))])
-        check(target not in edits, "the grid is shared with another edited node")
-        edits[target] = new
-        return
-    check(not isinstance(target, cst.Tuple | cst.List), "the grid is an empty or list literal")
-    new_value = cst.parse_expression(f"({code(value)}, {extent})")
-    edits[arg] = arg.with_changes(value=new_value)
 
 
 def _scratch_texts(spec: cst.BaseExpression | None, out: Operand, form: SoftmaxForm) -> list[str]:

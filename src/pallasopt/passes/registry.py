@@ -30,6 +30,7 @@ from .sigmoid_tanh import SigmoidTanhPass
 from .single_buffer import SingleBufferPass
 from .skip_masked_blocks import SkipMaskedBlocksPass
 from .skip_masked_chunks import SkipMaskedChunksPass
+from .stage_masked import StageMaskedPass
 from .stream_chunks import StreamChunksPass
 from .tile import TilePass
 from .vmem_limit import VmemLimitPass
@@ -47,6 +48,7 @@ PASSES: tuple[type[Pass], ...] = (
     PipelinePass,
     SkipMaskedBlocksPass,
     SkipMaskedChunksPass,
+    StageMaskedPass,
     StreamChunksPass,
     OnlineSoftmaxPass,
     FusePass,

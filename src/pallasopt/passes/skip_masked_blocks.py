@@ -13,7 +13,7 @@ from ..errors import check
 from ..ir.cst_edit import replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
-from ..ir.mask_bounds import Mask, Reader, bound_on_axis, needed_text, neutral_fill, static_value
+from ..ir.mask_bounds import Mask, Reader, clamp_text, needed_text, neutral_fill, static_value
 from ..ir.matchers import (
     Located,
     blockspec_parts,
@@ -273,20 +273,9 @@ def _clamped(lam: cst.Lambda, axis: int, mask: Mask, namespace: dict[str, Any], 
     """`lam` with its index along the skipped axis clamped into the needed range of blocks for its row."""
     names = [p.name.value for p in lam.params.params]
     j = names[axis]
-    bounds = [bound_on_axis(c, axis, lambda t: _sign(t, namespace), lambda ax: names[ax]) for c in mask.constraints()]
-    los = [b[1] for b in bounds if b is not None and b[0] == "lo"]
-    his = [b[1] for b in bounds if b is not None and b[0] == "hi"]
-    check(bool(los or his), "cannot solve the mask for a range of blocks along the skipped axis")
-    expr = j
-    for lo in los:
-        expr = f"{jnp}.maximum({expr}, {lo})"
-    for hi in his:
-        expr = f"{jnp}.minimum({expr}, {hi})"
-    # keep the index on the grid for rows with no needed block: a lone `min(j, hi)` stays <= j, `max(j, lo)` >= j
-    if his:
-        expr = f"{jnp}.maximum({expr}, 0)"
-    if los:
-        expr = f"{jnp}.minimum({expr}, {pl}.num_programs({axis}) - 1)"
+    expr = clamp_text(j, mask, axis, lambda t: _sign(t, namespace), lambda ax: names[ax], pl, jnp)
+    check(expr is not None, "cannot solve the mask for a range of blocks along the skipped axis")
+    assert expr is not None
     new_index = cst.parse_expression(expr)
 
     class Sub(cst.CSTTransformer):
