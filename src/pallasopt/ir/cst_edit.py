@@ -19,6 +19,7 @@ from .matchers import (
     Located,
     Pos,
     code,
+    docstring_lines,
     find_call_node,
     free_names,
     grid_spec_keyword,
@@ -422,9 +423,7 @@ def ref_via_scratch(
     body = kernel.body
     assert isinstance(body, cst.IndentedBlock)
     stmts = list(body.body)
-    first = 0
-    if stmts and m.matches(stmts[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])):
-        first = 1  # keep the docstring first
+    first = docstring_lines(stmts)  # keep the docstring first
     new_body = body.with_changes(body=[*stmts[:first], *prologue, *stmts[first:]])
     return kernel.with_changes(params=kernel.params.with_changes(params=params), body=new_body)
 

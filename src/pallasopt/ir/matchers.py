@@ -700,3 +700,10 @@ def is_self_assign(stmt: cst.BaseStatement) -> bool:
         and isinstance(a.value, cst.Name)
         and a.targets[0].target.value == a.value.value
     )
+
+
+def docstring_lines(stmts: Sequence[cst.BaseStatement]) -> int:
+    """1 when the first of a function body's `stmts` is its docstring (a string literal statement), else 0: the
+    statements a rewrite keeps first."""
+    doc = m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())])
+    return int(bool(stmts) and m.matches(stmts[0], doc))

@@ -18,6 +18,7 @@ from ..ir.mask_bounds import Constraint, Mask, Reader, clamp_text, needed_text, 
 from ..ir.matchers import (
     blockspec_parts,
     code,
+    docstring_lines,
     free_names,
     helper_reading_program_id,
     is_call_to,
@@ -188,15 +189,8 @@ class StageMaskedPass(Pass):
             edits,
         )
         edits = nested_into(loc, edits)
-        edits[kernel] = _kernel(kernel, self.operand, ref_dim, len(ref_dims), mask, value_dim, axis, pl)
+        edits[kernel] = _kernel(kernel, body, self.operand, ref_dim, len(ref_dims), mask, value_dim, axis, pl)
         return ir.with_module(replace_many(loc.wrapper.module, edits), self.spec())
-
-
-def _with_commas(elements: Any) -> list[cst.Element]:
-    out = list(elements)
-    if out and out[-1].comma is cst.MaybeSentinel.DEFAULT:
-        out[-1] = out[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return out
 
 
 def _extended(lam: cst.Lambda) -> cst.Lambda:
@@ -411,11 +405,19 @@ def _pieces(mask: Mask, dim: int, axis: int, piece: str) -> Mask:
 
 
 def _kernel(
-    kernel: cst.FunctionDef, position: int, ref_dim: int, n_dims: int, mask: Mask, value_dim: int, axis: int, pl: str
+    kernel: cst.FunctionDef,
+    body: list[cst.BaseStatement],
+    position: int,
+    ref_dim: int,
+    n_dims: int,
+    mask: Mask,
+    value_dim: int,
+    axis: int,
+    pl: str,
 ) -> cst.FunctionDef:
     """The kernel staging the pieces into the scratch (the old ref's name, now its last parameter) and running the
-    old body on the last piece. Program ids are read at the top (interpret mode cannot lower them in a `pl.when`)."""
-    body = statements(kernel)
+    old body on the last piece (`body`: the kernel's statements; `value_dim`: the dim of the masked value staged in pieces).
+    Program ids are read at the top (interpret mode cannot lower them in a `pl.when`)."""
     params = list(kernel.params.params)
     ref = params[position].name.value
     taken = used_names(kernel)
@@ -442,14 +444,8 @@ def _kernel(
                     return cst.Name(counts[int(arg.evaluated_value)])
             return updated
 
-    doc: list[cst.BaseStatement] = []
-    first = body[0] if body else None
-    if (
-        isinstance(first, cst.SimpleStatementLine)
-        and isinstance(first.body[0], cst.Expr)
-        and isinstance(first.body[0].value, cst.SimpleString | cst.ConcatenatedString)
-    ):
-        doc, body = [first], body[1:]
+    first = docstring_lines(body)
+    doc, body = body[:first], body[first:]
     check(
         not any(m.findall(st, m.Return()) for st in body if not isinstance(st, cst.FunctionDef)),
         "the kernel returns early",
