@@ -16,6 +16,7 @@ from pallasopt.cli import main
 from pallasopt.config import SearchConfig
 from pallasopt.errors import UsageError
 from pallasopt.ir.kernel_ir import KernelIR
+from pallasopt.optimize import hardware_only_starts, optimize, select_passes
 from pallasopt.passes.tile import TilePass
 from pallasopt.search.strategies import run_strategy
 
@@ -138,3 +139,32 @@ def test_a_start_recipe_at_the_depth_limit_is_still_expanded(matmul_ir) -> None:
     deeper = [n for n in out.nodes.values() if n.recipe[:1] == FOUND and len(n.recipe) == 2]
     assert deeper and all(n.depth == 2 for n in deeper)
     assert any("model" in n.results for n in deeper)
+
+
+def test_a_start_recipe_with_a_chip_only_step_is_left_out_without_a_chip() -> None:
+    """A pass whose gain only the chip shows (`stage-masked`: a compiler-tier gain that was a chip loss on
+    fused_33) is not offered by a deviceless search, so a warm start must not carry it in either."""
+    staged = ("tile{call=0,Q_ROWS=512}", "stage-masked{call=0,operand=0,block=256}")
+    piped = ("pipeline{call=0,depth=3}",)
+    plain = ("tile{call=0,bm=512}", "fuse{producer=0}")
+    kept, notes = hardware_only_starts((staged, piped, plain), select_passes([]))
+    assert kept == (plain,)
+    assert len(notes) == 2 and "stage-masked only pays where the chip times it" in notes[0]
+    assert "pipeline" in notes[1] and "--passes" in notes[1]
+    assert hardware_only_starts((staged, piped, plain), select_passes([], hardware=True)) == (
+        (staged, piped, plain),
+        (),
+    )
+    named = select_passes(["tile", "stage-masked"])  # named: the user asked for it
+    assert hardware_only_starts((staged, plain), named) == ((staged, plain), ())
+    assert "stage-masked" not in {p.name for p in select_passes([])}
+
+
+def test_optimize_says_which_start_recipe_it_left_out(tmp_path) -> None:
+    kernel = tmp_path / "matmul.py"
+    kernel.write_text(MATMUL.read_text())
+    recipe = (*FOUND, "pipeline{call=0,depth=3}")
+    r = optimize(kernel, beam=1, depth=1, db_path=tmp_path / "k.db", evaluator=FakeTiers(), jobs=1,
+                 write_output=False, start_from=(recipe,))  # fmt: skip
+    assert r.correct and tuple(r.recipe[: len(recipe)]) != recipe
+    assert any(n.startswith(f"start recipe {','.join(recipe)} not used: pipeline") for n in r.notes)

@@ -213,3 +213,38 @@ def test_hw_compare_puts_two_chip_runs_best_recipes_side_by_side(tmp_path: Path)
     assert "recipe changed on 1: faster by more than 2% on 1, slower by more than 2% on 0" in text
     assert "same recipe on 1 (the sessions' run-to-run spread): new / old 1.010 - 1.010" in text
     assert "| `a` | `tile{call=0,bm=256}` | 1.000 | `tile{call=0,bm=512}` | 0.800 | 0.800 |" in text
+
+
+def test_hw_current_joins_chip_records_to_a_bench_run_by_exact_source(tmp_path: Path) -> None:
+    """`hw_measure.py current`: a recipe's chip figure is one timed on that exact source (sha1), from any earlier run;
+    a recipe whose source no run timed is not timed, whatever its text; a record that fails on the chip (and not
+    as XLA's own default-precision result does) never counts."""
+    hw = _hw_measure()
+    naive = (ROOT / "examples" / "matmul.py").read_text()
+    tiled = hw._apply(ROOT / "examples" / "matmul.py", ["tile{call=0,bm=256}"])
+    other = hw._apply(ROOT / "examples" / "matmul.py", ["tile{call=0,bm=512}"])
+    entries = [{"id": "m__p0", "sha1": hw.source_sha1(naive)}, {"id": "m__p1", "sha1": hw.source_sha1(tiled)},
+               {"id": "m__p2", "sha1": hw.source_sha1(other)}, {"id": "old", "file": "x"}]  # fmt: skip
+    (tmp_path / "manifest.json").write_text(json.dumps({"entries": entries}))
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(r) for r in (
+        _record("m__p0", 4e-3, 1e-3), _record("m__p1", 0.9e-3, 1e-3), _record("old", 1e-6, 1e-3),
+        _record("m__p2", 0.1e-3, 1e-3, ok=False, err=5e-2),  # wrong on the chip
+    )))  # fmt: skip
+    (tmp_path / "b.jsonl").write_text(json.dumps(_record("m__p1", 1.1e-3, 1.2e-3)))
+    results = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
+    runs = [{"manifest": str(tmp_path / "manifest.json"), "results": results}]
+    records = hw.chip_records(runs)
+    assert len(records[hw.source_sha1(tiled)]) == 2 and "old" not in str(records)  # no sha1: joins nothing
+    bench = {"rows": [
+        {"kernel": "t", "path": "examples/matmul.py", "recipe": ["tile{call=0,bm=256}"], "vs_xla": 1.5,
+         "xla": {"tier": "compiler"}},
+        {"kernel": "n", "path": "examples/matmul.py", "recipe": []},
+        {"kernel": "u", "path": "examples/matmul.py", "recipe": ["tile{call=0,bn=256}"]},  # never timed
+        {"kernel": "w", "path": "examples/matmul.py", "recipe": ["tile{call=0,bm=512}"]},
+    ]}  # fmt: skip
+    t, n, u, w = hw.current_rows(bench, records)
+    assert t["best_h"] == pytest.approx(1.0e-3) and t["xla_h"] == pytest.approx(1.1e-3)
+    assert t["vs_xla_h"] == pytest.approx(1.1) and t["speedup_h"] == pytest.approx(4.0) and t["vs_xla_tier"] == 1.5
+    assert n["best_h"] == pytest.approx(4e-3) and n["vs_xla_h"] == pytest.approx(0.25)
+    assert u["best_h"] is None and u["records"] == [] and u["failed_on_chip"] == 0
+    assert w["best_h"] is None and w["failed_on_chip"] == 1

@@ -142,6 +142,30 @@ def select_passes(names: Sequence[str], hardware: bool = False) -> tuple[type[Pa
     return tuple(registry[n] for n in names)
 
 
+def hardware_only_starts(
+    recipes: Sequence[Sequence[str]], selected: Sequence[type[Pass]]
+) -> tuple[tuple[tuple[str, ...], ...], tuple[str, ...]]:
+    """`recipes` (`start_from`) split into those the search may start from and a note for each one it may not: a
+    recipe with a step of a pass whose gain only the chip shows (`search_needs_hardware`) that this search does not
+    offer (no chip here, the pass not named). Its tiers would rank that step blind, as they ranked `stage-masked` on
+    fused_33 (a [C] gain, a chip loss), so such a warm start would carry a misranked choice on into the result."""
+    offered = {p.name for p in selected}
+    blind = {p.name for p in PASSES if getattr(p, "search_needs_hardware", False)} - offered
+    kept: list[tuple[str, ...]] = []
+    notes: list[str] = []
+    for r in recipes:
+        names = [spec.split("{", 1)[0].strip() for spec in r]
+        off = sorted(blind.intersection(names))
+        if off:
+            notes.append(
+                f"start recipe {','.join(r)} not used: {', '.join(off)} only pays where the chip times it "
+                "(no chip here; name the pass in --passes to allow it)"
+            )
+        else:
+            kept.append(tuple(r))
+    return tuple(kept), tuple(notes)
+
+
 def resolve_target(name: str) -> Chip:
     try:
         return get_chip(name)
@@ -268,6 +292,8 @@ def optimize(
     inner = evaluator or Tiers(chip, use_compiler=config.use_compiler, executor=executor)
     timed_here = getattr(inner, "unavailable", None)
     selected = select_passes(config.passes, hardware=callable(timed_here) and timed_here("hardware") is None)
+    starts, start_notes = hardware_only_starts(config.start_from, selected)
+    config = dataclasses.replace(config, start_from=starts)
     with owned, KernelDB.open(db_file) as db:
         wid = db.workload(base.digest, str(kernel_path), dict(base.dims), chip.name, _versions())
         key = json.loads(json.dumps(_config_key(config, selected, inner)))
@@ -316,7 +342,9 @@ def optimize(
             db.finish_run(run_id, {}, state="interrupted")
             raise
         result = _finish(outcome, base, chip, cached, kernel_path, out_path, start, config)
-        result = dataclasses.replace(result, llm_usage=usage, notes=(*result.notes, *untunable_notes(base)))
+        result = dataclasses.replace(
+            result, llm_usage=usage, notes=(*result.notes, *start_notes, *untunable_notes(base))
+        )
         if evaluator is None:  # a caller's own evaluator (tests, fakes) decides correctness alone
             result = _generalize(result, base, outcome, executor)
         if write_output and result.correct:
