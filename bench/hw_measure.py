@@ -9,6 +9,8 @@ the tile configurations of the fidelity sweep, so the model and compiler tiers c
         [--only 'llm_*'] [--done .hw/earlier.jsonl]   # --done: skip what an earlier call timed (carry the file in)
     # back on the CPU machine: tables and rank correlations
     python bench/hw_measure.py report .hw/run hw.jsonl [...] --md bench/results/hw-....md --json bench/results/hw-....json
+    # any time, no chip: a bench run's recipes on the chip, from every earlier chip run that timed the same source
+    python bench/hw_measure.py current bench/results/v5e-....json --runs bench/results/hw-chip-runs.json [--md ...]
 
 Timing (tier [H]): each function is jitted, compiled and run once, then timed by the hardware tier's own
 `pallasopt.harness.timing.time_batched`: batches of back-to-back calls with one `block_until_ready` per batch (so
@@ -22,6 +24,7 @@ own default-precision result.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import statistics
@@ -59,7 +62,7 @@ def prepare(bench: Path | None, fidelity: Path | None, out: Path, probe: Path | 
     def add(entry: dict[str, Any], source: str) -> None:
         f = src_dir / f"{entry['id']}.py"
         f.write_text(source)
-        entries.append({**entry, "file": str(f.relative_to(out))})
+        entries.append({**entry, "file": str(f.relative_to(out)), "sha1": source_sha1(source)})
 
     if bench is not None:
         data = json.loads(bench.read_text())
@@ -113,6 +116,11 @@ def prepare(bench: Path | None, fidelity: Path | None, out: Path, probe: Path | 
     (out / "manifest.json").write_text(json.dumps({**manifest, "entries": entries}, indent=1))
     print(f"{len(entries)} variants in {out}")
     return 0
+
+
+def source_sha1(source: str) -> str:
+    """What `current` joins chip records on: a variant's exact source, whatever run or recipe text produced it."""
+    return hashlib.sha1(source.encode()).hexdigest()
 
 
 def _tiers(row: dict[str, Any], which: str) -> dict[str, Any]:
@@ -316,6 +324,93 @@ def report(run_dir: Path, results: Sequence[Path], md: Path | None, out_json: Pa
         md.write_text(text)
     if out_json:
         out_json.write_text(json.dumps({"summary": summary, "fidelity": fid, "rows": rows_out}, indent=1, default=str))
+    print(text)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ current (CPU, no chip)
+
+
+def chip_records(runs: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Every chip record of `runs` ({"manifest": path, "results": [paths]}, relative to the repository) by the sha1
+    of the variant's source (manifests written before `prepare` recorded it have none and join nothing)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        manifest = ROOT / run["manifest"]
+        sha = {e["id"]: e["sha1"] for e in json.loads(manifest.read_text())["entries"] if e.get("sha1")}
+        for res in run["results"]:
+            for line in (ROOT / res).read_text().splitlines():
+                r = json.loads(line) if line.strip() else None
+                if r and r["id"] in sha:
+                    out.setdefault(sha[r["id"]], []).append({**r, "source": f"{res} {r['id']}"})
+    return out
+
+
+def current_rows(bench: dict[str, Any], records: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each kernel of `bench` at its best recipe (the naive kernel where it has none) with the chip records of that
+    exact source: the median of their times and of the XLA times beside them; records that fail on the chip count
+    only when XLA's own default-precision result misses as far (`_usable`)."""
+    rows = []
+    for row in bench["rows"]:
+        path = ROOT / row["path"]
+        base = path.read_text()
+        best = _apply(path, row["recipe"]) if row.get("recipe") else base
+        got = {
+            w: [r for r in records.get(source_sha1(src), []) if _usable(r)]
+            for w, src in (("best", best), ("naive", base))
+        }
+        t = {w: statistics.median(r["median_s"] for r in rs) if rs else None for w, rs in got.items()}
+        xla = [r["xla"]["median_s"] for r in got["best"] if (r.get("xla") or {}).get("median_s")]
+        x = statistics.median(xla) if xla else None
+        tb = t["best"]
+        rows.append({
+            "kernel": row["kernel"], "recipe": row.get("recipe") or [], "best_h": tb, "naive_h": t["naive"], "xla_h": x,
+            "vs_xla_h": x / tb if x and tb else None,
+            "speedup_h": t["naive"] / tb if t["naive"] and tb else None,
+            "vs_xla_tier": row.get("vs_xla"), "xla_tier": (row.get("xla") or {}).get("tier"), "tier": row.get("tier"), "records": [r["source"] for r in got["best"]],
+            "failed_on_chip": len(records.get(source_sha1(best), [])) - len(got["best"]),
+        })  # fmt: skip
+    return rows
+
+
+def current(bench: Path, runs_file: Path, md: Path | None, out_json: Path | None) -> int:
+    data = json.loads(bench.read_text())
+    runs = json.loads(runs_file.read_text())["runs"]
+    rows = current_rows(data, chip_records(runs))
+    vs = [r["vs_xla_h"] for r in rows if r["vs_xla_h"]]
+    summary = {
+        "bench": str(bench), "runs": str(runs_file), "kernels": len(rows),
+        "timed": sum(1 for r in rows if r["best_h"]), "vs_xla_timed": len(vs),
+        "slower_than_xla_h": sum(1 for v in vs if v < 1), "slower_by_2pct_h": sum(1 for v in vs if v < 0.98),
+        "geomean_vs_xla_h": _geomean(vs),
+        "geomean_speedup_h": _geomean([r["speedup_h"] for r in rows if r["speedup_h"]]),
+        "speedup_timed": sum(1 for r in rows if r["speedup_h"]),
+    }  # fmt: skip
+    lines = [
+        f"# The recipes of `{bench.name}` on a TPU v5e [H]",
+        "",
+        f"Each kernel's best recipe (the naive kernel where none) joined by the sha1 of its source to the chip records "
+        f"of the runs in `{runs_file.name}`: {summary['timed']}/{summary['kernels']} timed; against XLA timed beside "
+        f"them, slower on **{summary['slower_than_xla_h']}/{summary['vs_xla_timed']}** "
+        f"({summary['slower_by_2pct_h']} by more than 2%), geomean {_x(summary['geomean_vs_xla_h'])}; "
+        f"over the naive kernel {_x(summary['geomean_speedup_h'])} on the {summary['speedup_timed']} kernels whose "
+        "naive kernel has a record with its source's sha1.",
+        "",
+        "| kernel | best [H] ms | XLA [H] ms | vs XLA [H] | vs XLA (bench tier) | naive [H] ms | records | recipe |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        tier = f"{_x(r['vs_xla_tier'])} [{'C' if r['xla_tier'] == 'compiler' else 'M'}]" if r["vs_xla_tier"] else "-"
+        seen = len(r["records"]) if r["best_h"] else ("fails on the chip" if r["failed_on_chip"] else "not timed")
+        lines.append(
+            f"| `{r['kernel']}` | {_ms(r['best_h'])} | {_ms(r['xla_h'])} | {_x(r['vs_xla_h'])} | {tier} | "
+            f"{_ms(r['naive_h'])} | {seen} | `{','.join(r['recipe']) or '(none)'}` |"
+        )
+    text = "\n".join(lines) + "\n"
+    if md:
+        md.write_text(text)
+    if out_json:
+        out_json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
     print(text)
     return 0
 
@@ -527,7 +622,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--old-results", type=Path, nargs="+", required=True)
     c.add_argument("--new-results", type=Path, nargs="+", required=True)
     c.add_argument("--md", type=Path)
+    cur = sub.add_parser("current", help="a bench run's recipes on the chip, from earlier chip runs' records")
+    cur.add_argument("bench", type=Path)
+    cur.add_argument("--runs", type=Path, required=True, help='{"runs": [{"manifest": ..., "results": [...]}]}')
+    cur.add_argument("--md", type=Path)
+    cur.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
+    if a.cmd == "current":
+        return current(a.bench, a.runs, a.md, a.json)
     if a.cmd == "compare":
         return compare((a.old_dir, a.old_results), (a.new_dir, a.new_results), a.md)
     if a.cmd == "prepare":
