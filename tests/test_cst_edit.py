@@ -1,5 +1,5 @@
 """ir/cst_edit.py: `semantics_edit`, the one edit of a pallas_call's dimension_semantics (no tracing: a stand-in for
-the traced facts, which it reads only `dimension_semantics` of)."""
+the traced facts, which it reads only `dimension_semantics` of), and `grid_locals` (program ids moved under pl.when)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import libcst as cst
 import pytest
 
 from pallasopt.errors import PassNotApplicable
-from pallasopt.ir.cst_edit import edit_call_params, replace_many, semantics_edit
+from pallasopt.ir.cst_edit import edit_call_params, grid_locals, replace_many, semantics_edit
 from pallasopt.ir.matchers import Located, pallas_call_nodes
 
 HEAD = """import jax
@@ -126,3 +126,29 @@ def test_a_local_params_two_calls_share_is_edited_at_the_call_site() -> None:
     (only,) = pallas_call_nodes(loc)
     out = replace_many(loc.wrapper.module, semantics_edit(loc, only, facts(("parallel", "arbitrary")), swap)).code
     assert 'params = pltpu.CompilerParams(dimension_semantics=("arbitrary", "parallel"))' in out
+
+
+def test_grid_locals_bind_and_use_program_ids_and_counts() -> None:
+    """Program ids (and, when asked, grid sizes) read in statements a pass moves under `pl.when` become locals:
+    fresh names, an id the kernel already bound keeps its local, an extra axis (a mask's) is bound too."""
+    stmts = list(
+        cst.parse_module(
+            "pid0 = 1\n"
+            "x = pl.program_id(1) + pl.program_id(2)\n"
+            "if pl.program_id(1) == pl.num_programs(1) - 1:\n"
+            "    y = pl.program_id(3)\n"
+        ).body
+    )
+    g = grid_locals(stmts[1:], {"pid0", "pid1", "x", "y"}, also={0}, bound={2: "kv"}, counts=True)
+    assert dict(g.pids) == {0: "_pid0", 1: "_pid1", 2: "kv", 3: "pid3"} and g.new_pids == (0, 1, 3)
+    assert g.bind("pl") == [
+        "_pid0 = pl.program_id(0)",
+        "_pid1 = pl.program_id(1)",
+        "pid3 = pl.program_id(3)",
+        "num1 = pl.num_programs(1)",
+    ]
+    used = cst.Module(body=[g.use(s) for s in stmts[1:]]).code
+    assert "program_id" not in used and "num_programs" not in used
+    assert "x = _pid1 + kv" in used and "if _pid1 == num1 - 1:" in used and "y = pid3" in used
+    plain = grid_locals(stmts[1:2], set())
+    assert plain.counts == {} and plain.bind("pl") == ["pid1 = pl.program_id(1)", "pid2 = pl.program_id(2)"]

@@ -6,8 +6,9 @@ Edits are minimal (one node each) so the output keeps the user's formatting and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar, cast
 
 import libcst as cst
 import libcst.matchers as m
@@ -23,6 +24,7 @@ from .matchers import (
     find_call_node,
     free_names,
     grid_spec_keyword,
+    is_call_to,
     keyword,
     pallas_call_nodes,
     pltpu_alias,
@@ -446,3 +448,81 @@ def append_grid_axis(loc: Located, node: cst.Call, extent: str, edits: dict[cst.
     check(not isinstance(target, cst.Tuple | cst.List), "the grid is an empty or list literal")
     new_value = cst.parse_expression(f"({code(value)}, {extent})")
     edits[arg] = arg.with_changes(value=new_value)
+
+
+@dataclass(frozen=True)
+class GridLocals:
+    """Locals that stand for `pl.program_id(axis)` (and, with `counts`, `pl.num_programs(axis)`) inside statements
+    moved under a `pl.when`: plain interpret mode cannot lower either there, so a pass binds them before it
+    (`bind`) and rewrites the moved statements to read the locals (`use`). `pids` maps every axis read to its local,
+    those the kernel had bound already included; `new_pids` and `counts` are what `bind` binds."""
+
+    pids: Mapping[int, str]
+    new_pids: tuple[int, ...]
+    counts: Mapping[int, str]
+
+    def bind(self, pl: str) -> list[str]:
+        return [f"{self.pids[a]} = {pl}.program_id({a})" for a in self.new_pids] + [
+            f"{n} = {pl}.num_programs({a})" for a, n in sorted(self.counts.items())
+        ]
+
+    def use(self, node: N) -> N:
+        pids, counts = self.pids, self.counts
+
+        class UseLocals(cst.CSTTransformer):
+            def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+                arg = original.args[0].value if len(original.args) == 1 else None
+                if isinstance(arg, cst.Integer):
+                    axis = int(arg.evaluated_value)
+                    if is_call_to(original, "program_id") and axis in pids:
+                        return cst.Name(pids[axis])
+                    if is_call_to(original, "num_programs") and axis in counts:
+                        return cst.Name(counts[axis])
+                return updated
+
+        return cast(N, node.visit(UseLocals()))
+
+
+def _grid_axes(nodes: Sequence[cst.CSTNode], fn: str) -> set[int]:
+    out: set[int] = set()
+    for node in nodes:
+        for c in m.findall(node, m.Call()):
+            arg = c.args[0].value if isinstance(c, cst.Call) and len(c.args) == 1 else None
+            if isinstance(c, cst.Call) and isinstance(arg, cst.Integer) and is_call_to(c, fn):
+                out.add(int(arg.evaluated_value))
+    return out
+
+
+def grid_locals(
+    nodes: Sequence[cst.CSTNode],
+    taken: set[str],
+    *,
+    also: Iterable[int] = (),
+    bound: Mapping[int, str] | None = None,
+    counts: bool = False,
+) -> GridLocals:
+    """The `GridLocals` for the program ids `nodes` read (plus the axes `also`, e.g. a mask's), named `pid{axis}`
+    (`num{axis}`) with underscores until they clash with nothing in `taken`; an axis in `bound` keeps the local the
+    kernel already has. With `counts`, `num_programs` reads get locals too."""
+    known = dict(bound or {})
+    used = set(taken) | set(known.values())
+    pids = dict(known)
+    new: list[int] = []
+    for a in sorted((_grid_axes(nodes, "program_id") | set(also)) - set(known)):
+        pids[a] = fresh_name(used, f"pid{a}")
+        used.add(pids[a])
+        new.append(a)
+    nums: dict[int, str] = {}
+    for a in sorted(_grid_axes(nodes, "num_programs")) if counts else ():
+        nums[a] = fresh_name(used, f"num{a}")
+        used.add(nums[a])
+    return GridLocals(pids, tuple(new), nums)
+
+
+def with_grid_index(lam: cst.Lambda, want: str) -> tuple[cst.Lambda, str]:
+    """An index map `lam` taking one more, last grid index (for an axis a pass appends to the grid), named `want`
+    with underscores until it clashes with nothing `lam` reads or takes; its body is unchanged (the caller may use
+    the name there)."""
+    name = fresh_name(used_names(lam) | {p.name.value for p in lam.params.params}, want)
+    params = [p.with_changes(comma=cst.MaybeSentinel.DEFAULT) for p in (*lam.params.params, cst.Param(cst.Name(name)))]
+    return lam.with_changes(params=lam.params.with_changes(params=params)), name

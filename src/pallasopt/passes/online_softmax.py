@@ -11,7 +11,7 @@ import libcst.matchers as m
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import fresh_name
-from ..ir.cst_edit import add_scratch, append_grid_axis, replace_many, semantics_edit
+from ..ir.cst_edit import add_scratch, append_grid_axis, replace_many, semantics_edit, with_grid_index
 from ..ir.facts import CallFacts, Operand
 from ..ir.kernel_ir import KernelIR, kernel_jaxpr
 from ..ir.matchers import (
@@ -181,9 +181,7 @@ def _edit_specs(
             len(lam.params.params) == len(facts.grid) and lam.params.star_arg is cst.MaybeSentinel.DEFAULT,
             f"operand {k}'s index map does not take exactly the {len(facts.grid)} grid indices",
         )
-        index = fresh_name(used_names(lam), "c")
-        params = [*lam.params.params, cst.Param(cst.Name(index))]
-        params = [p.with_changes(comma=cst.MaybeSentinel.DEFAULT) for p in params]
+        wider, index = with_grid_index(lam, "c")
         body = lam.body
         bdim = dims.get(k) if k < len(facts.inputs) else None
         new_spec = spec
@@ -205,7 +203,7 @@ def _edit_specs(
                 ]
             )
             new_spec = _replace_arg(new_spec, shape, new_shape)
-        new_lam = lam.with_changes(params=lam.params.with_changes(params=params), body=body)
+        new_lam = wider.with_changes(body=body)
         edits[spec] = _replace_arg(new_spec, lam, new_lam)
     assert row_text is not None
     return row_text

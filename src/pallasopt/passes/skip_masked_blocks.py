@@ -10,7 +10,8 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import check
-from ..ir.cst_edit import replace_many
+from ..ir.builders import fresh_name
+from ..ir.cst_edit import grid_locals, replace_many
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from ..ir.mask_bounds import Mask, Reader, clamp_text, needed_text, neutral_fill, static_value
@@ -173,37 +174,17 @@ def _wrap(a: _Analysis, pl: str) -> cst.FunctionDef:
     body = list(a.kernel.body.body)
     names = {n.value for n in m.findall(a.kernel, m.Name()) if isinstance(n, cst.Name)}
     region = body[a.start : a.stop]
-    axes = {a_ for c in a.mask.constraints() for a_, _, _ in c.form.pids}
-    for s in region:
-        for call in m.findall(s, m.Call()):
-            if isinstance(call, cst.Call) and is_call_to(call, "program_id") and len(call.args) == 1:
-                arg = call.args[0].value
-                if isinstance(arg, cst.Integer):
-                    axes.add(int(arg.evaluated_value))
-    pids = dict(a.pid_locals)
-    bind: list[cst.BaseStatement] = []
-    for ax in sorted(axes - set(pids)):
-        local = f"pid{ax}"
-        while local in names:
-            local = "_" + local
-        pids[ax] = local
-        bind.append(cst.parse_statement(f"{local} = {pl}.program_id({ax})\n"))
-
-    class UsePids(cst.CSTTransformer):
-        def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-            arg = original.args[0].value if len(original.args) == 1 else None
-            if is_call_to(original, "program_id") and isinstance(arg, cst.Integer):
-                return cst.Name(pids[int(arg.evaluated_value)])
-            return updated
-
-    region = [s.visit(UsePids()) for s in region]  # type: ignore[misc]
+    grid = grid_locals(
+        region, names, also={a_ for c in a.mask.constraints() for a_, _, _ in c.form.pids}, bound=a.pid_locals
+    )
+    pids = grid.pids
+    bind = [cst.parse_statement(line + "\n") for line in grid.bind(pl)]
+    region = [grid.use(s) for s in region]
     cond = needed_text(a.mask, lambda ax: pids[ax])
     first = region[0]
     lead = list(getattr(first, "leading_lines", ()))
     region[0] = first.with_changes(leading_lines=[])  # type: ignore[attr-defined]
-    fname = "_unmasked_block"
-    while fname in names:
-        fname = "_" + fname
+    fname = fresh_name(names, "_unmasked_block")
     when = cst.parse_statement(f"@{pl}.when({cond})\ndef {fname}():\n    pass\n")
     assert isinstance(when, cst.FunctionDef)
     if bind:

@@ -11,7 +11,15 @@ import libcst.matchers as m
 from ..cost_model.hardware import Chip
 from ..errors import check
 from ..ir.builders import fresh_name, tuple_expr
-from ..ir.cst_edit import add_scratch, append_grid_axis, nested_into, replace_many, semantics_edit
+from ..ir.cst_edit import (
+    add_scratch,
+    append_grid_axis,
+    grid_locals,
+    nested_into,
+    replace_many,
+    semantics_edit,
+    with_grid_index,
+)
 from ..ir.facts import CallFacts, Operand
 from ..ir.kernel_ir import KernelIR
 from ..ir.mask_bounds import Constraint, Mask, Reader, clamp_text, needed_text, static_value
@@ -183,7 +191,7 @@ class StageMaskedPass(Pass):
             check(isinstance(other_lam, cst.Lambda), f"operand {k}'s index map is not a lambda")
             assert isinstance(other_lam, cst.Lambda)
             if other_lam not in edits:
-                edits[other_lam] = _extended(other_lam)
+                edits[other_lam] = with_grid_index(other_lam, "_piece")[0]
         append_grid_axis(loc, node, grid_ext, edits)
         edits.update(semantics_edit(loc, node, facts, lambda cur: (*cur, "arbitrary") if cur else cur))
         scratch_shape = [code(shape.elements[d].value) for d in ref_dims]
@@ -196,16 +204,6 @@ class StageMaskedPass(Pass):
         edits = nested_into(loc, edits)
         edits[kernel] = _kernel(kernel, body, self.operand, ref_dim, len(ref_dims), mask, value_dim, axis, pl)
         return ir.with_module(replace_many(loc.wrapper.module, edits), self.spec())
-
-
-def _extended(lam: cst.Lambda) -> cst.Lambda:
-    """`lam` taking one more grid index (the pieces' axis), which it ignores."""
-    taken = used_names(lam) | {p.name.value for p in lam.params.params}
-    extra = cst.Param(cst.Name(fresh_name(taken, "_piece")))
-    ps = list(lam.params.params)
-    if ps:
-        ps[-1] = ps[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return lam.with_changes(params=lam.params.with_changes(params=[*ps, extra]))
 
 
 def _substituted(mask: Mask, texts: dict[str, str]) -> Mask:
@@ -427,27 +425,8 @@ def _kernel(
     ref = params[position].name.value
     taken = used_names(kernel)
     blk, j, tk, stage, last = (fresh_name(taken, f) for f in (f"{ref}_piece", "piece", "piece_len", "_stage", "_body"))
-    pid_axes = {a for c in mask.constraints() for a, _, _ in c.form.pids}
-    n_axes: set[int] = set()
-    for c in m.findall(kernel, m.Call()):
-        arg = c.args[0].value if isinstance(c, cst.Call) and len(c.args) == 1 else None
-        if isinstance(c, cst.Call) and isinstance(arg, cst.Integer):
-            if is_call_to(c, "program_id"):
-                pid_axes.add(int(arg.evaluated_value))
-            elif is_call_to(c, "num_programs"):
-                n_axes.add(int(arg.evaluated_value))
-    names = {a: fresh_name(taken, f"pid{a}") for a in sorted(pid_axes)}
-    counts = {a: fresh_name(taken | set(names.values()), f"num{a}") for a in sorted(n_axes)}
-
-    class UseLocals(cst.CSTTransformer):
-        def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-            arg = original.args[0].value if len(original.args) == 1 else None
-            if isinstance(arg, cst.Integer):
-                if is_call_to(original, "program_id"):
-                    return cst.Name(names[int(arg.evaluated_value)])
-                if is_call_to(original, "num_programs"):
-                    return cst.Name(counts[int(arg.evaluated_value)])
-            return updated
+    grid = grid_locals([kernel], taken, also={a for c in mask.constraints() for a, _, _ in c.form.pids}, counts=True)
+    names = grid.pids
 
     first = docstring_lines(body)
     doc, body = body[:first], body[first:]
@@ -455,14 +434,12 @@ def _kernel(
         not any(m.findall(st, m.Return()) for st in body if not isinstance(st, cst.FunctionDef)),
         "the kernel returns early",
     )
-    old = [st.visit(UseLocals()) for st in body]
+    old = [grid.use(st) for st in body]
     needed = needed_text(_pieces(_substituted(mask, {}), value_dim, axis, tk), lambda a: j if a == axis else names[a])
     idx = ", ".join(
         f"{pl}.ds({pl}.multiple_of({j} * {tk}, {tk}), {tk})" if d == ref_dim else ":" for d in range(n_dims)
     )
-    head = [f"{names[a]} = {pl}.program_id({a})" for a in sorted(names)]
-    head += [f"{counts[a]} = {pl}.num_programs({a})" for a in sorted(counts)]
-    head += [f"{j} = {pl}.program_id({axis})", f"{tk} = {blk}.shape[{ref_dim}]"]
+    head = [*grid.bind(pl), f"{j} = {pl}.program_id({axis})", f"{tk} = {blk}.shape[{ref_dim}]"]
     text = "\n".join(head) + (
         f"\n\n@{pl}.when({needed})\ndef {stage}():\n    {ref}[{idx}] = {blk}[...]\n\n"
         f"@{pl}.when({j} == {pl}.num_programs({axis}) - 1)\ndef {last}():\n    pass\n"
