@@ -354,21 +354,18 @@ def current_rows(bench: dict[str, Any], records: dict[str, list[dict[str, Any]]]
     for row in bench["rows"]:
         path = ROOT / row["path"]
         base = path.read_text()
-        best = _apply(path, row["recipe"]) if row.get("recipe") else base
-        got = {
-            w: [r for r in records.get(source_sha1(src), []) if _usable(r)]
-            for w, src in (("best", best), ("naive", base))
-        }
-        t = {w: statistics.median(r["median_s"] for r in rs) if rs else None for w, rs in got.items()}
-        xla = [r["xla"]["median_s"] for r in got["best"] if (r.get("xla") or {}).get("median_s")]
+        best_all = records.get(source_sha1(_apply(path, row["recipe"]) if row.get("recipe") else base), [])
+        best = [r for r in best_all if _usable(r)]
+        naive = [r for r in records.get(source_sha1(base), []) if _usable(r)]
+        tb = statistics.median(r["median_s"] for r in best) if best else None
+        tn = statistics.median(r["median_s"] for r in naive) if naive else None
+        xla = [r["xla"]["median_s"] for r in best if (r.get("xla") or {}).get("median_s")]
         x = statistics.median(xla) if xla else None
-        tb = t["best"]
         rows.append({
-            "kernel": row["kernel"], "recipe": row.get("recipe") or [], "best_h": tb, "naive_h": t["naive"], "xla_h": x,
-            "vs_xla_h": x / tb if x and tb else None,
-            "speedup_h": t["naive"] / tb if t["naive"] and tb else None,
-            "vs_xla_tier": row.get("vs_xla"), "xla_tier": (row.get("xla") or {}).get("tier"), "tier": row.get("tier"), "records": [r["source"] for r in got["best"]],
-            "failed_on_chip": len(records.get(source_sha1(best), [])) - len(got["best"]),
+            "kernel": row["kernel"], "recipe": row.get("recipe") or [], "best_h": tb, "naive_h": tn, "xla_h": x,
+            "vs_xla_h": x / tb if x and tb else None, "speedup_h": tn / tb if tn and tb else None,
+            "vs_xla_tier": row.get("vs_xla"), "xla_tier": (row.get("xla") or {}).get("tier"), "tier": row.get("tier"),
+            "records": [r["source"] for r in best], "failed_on_chip": len(best_all) - len(best),
         })  # fmt: skip
     return rows
 

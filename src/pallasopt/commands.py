@@ -219,6 +219,7 @@ def _write_new(path: Path, text: str, force: bool, inputs: tuple[Path, ...]) -> 
 
 def cmd_apply(args: argparse.Namespace, console: Console) -> int:
     from .ir.kernel_ir import KernelIR
+    from .passes.base import spec_name
     from .passes.pipeline import StepRecord, apply_pipeline, unified_diff
     from .passes.registry import parse_pipeline
 
@@ -234,7 +235,7 @@ def cmd_apply(args: argparse.Namespace, console: Console) -> int:
         status = "applied" if rec.applied else f"declined: {rec.reason}"
         timing = f"  [{rec.seconds * 1e3:.0f} ms]" if args.time_passes else ""
         console.print(f"[bold cyan]{rec.spec}[/] {status}{timing}")
-        name = rec.spec.split("{")[0]
+        name = spec_name(rec.spec)
         if rec.applied and args.diff:
             console.out(unified_diff(rec.before.source, rec.after.source, args.file), highlight=False)
         if args.print_after_all or name in after_names:

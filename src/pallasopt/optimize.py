@@ -23,7 +23,7 @@ from .executors import Executor, make_executor
 from .ir.kernel_ir import KernelIR
 from .ir.library import untunable_notes
 from .outputs import write_atomic  # bench imports it from here too
-from .passes.base import Pass
+from .passes.base import Pass, spec_name
 from .passes.registry import PASSES, by_name
 from .search.cached import CachedEvaluator
 from .search.node import BaselineIncorrect, Node, SearchOutcome, score_of
@@ -154,7 +154,7 @@ def hardware_only_starts(
     kept: list[tuple[str, ...]] = []
     notes: list[str] = []
     for r in recipes:
-        names = [spec.split("{", 1)[0].strip() for spec in r]
+        names = [spec_name(spec) for spec in r]
         off = sorted(blind.intersection(names))
         if off:
             notes.append(

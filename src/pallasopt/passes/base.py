@@ -86,6 +86,11 @@ class Pass:
         return self.spec()
 
 
+def spec_name(spec: str) -> str:
+    """The pass name a `name{k=v,...}` spec (a recipe step) starts with."""
+    return spec.split("{", 1)[0].strip()
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, tuple):
         return ":".join(_fmt(x) for x in v)

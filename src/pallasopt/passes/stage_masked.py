@@ -89,10 +89,11 @@ class StageMaskedPass(Pass):
     bf16 scores) reads 62-72% of the scores it read before. Costs a VMEM copy of every fetched piece and more grid
     steps, and the body's work moves onto the last piece's step, where it no longer overlaps the fetches: on a TPU
     v5e fused_33 ran 1.826 -> 2.101 ms (`block=256`) and 1.959 ms (512) where the compiler tier said 1.680 -> 1.537
-    (bench/results/hw-v5e-2026-12-06f). The search offers it only where the chip times candidates. The piece is `block` when it divides the axis at run time, else the whole axis (one piece: the old
-    kernel), so every size the original ran at still runs. Declines a kernel whose masked value is used before the
-    mask, a mask on another value, scalar prefetch, manual DMA, a helper function reading program ids, index maps
-    that are not lambdas. Parameters: `call`, `operand` (input position), `block`.
+    (bench/results/hw-v5e-2026-12-06f). The search offers it only where the chip times candidates. The piece is
+    `block` when it divides the axis at run time, else the whole axis (one piece: the old kernel), so every size the
+    original ran at still runs. Declines a kernel whose masked value is used before the mask, a mask on another
+    value, scalar prefetch, manual DMA, a helper function reading program ids, index maps that are not lambdas.
+    Parameters: `call`, `operand` (input position), `block`.
     """
 
     name: ClassVar[str] = "stage-masked"
@@ -419,8 +420,8 @@ def _kernel(
     pl: str,
 ) -> cst.FunctionDef:
     """The kernel staging the pieces into the scratch (the old ref's name, now its last parameter) and running the
-    old body on the last piece (`body`: the kernel's statements; `value_dim`: the dim of the masked value staged in pieces).
-    Program ids are read at the top (interpret mode cannot lower them in a `pl.when`)."""
+    old body on the last piece (`body`: the kernel's statements; `value_dim`: the dim of the masked value staged in
+    pieces). Program ids are read at the top (interpret mode cannot lower them in a `pl.when`)."""
     params = list(kernel.params.params)
     ref = params[position].name.value
     taken = used_names(kernel)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import PassNotApplicable, ProblemChanged
-from ..passes.base import Pass
+from ..passes.base import Pass, spec_name
 from .node import Node, ProgressFn
 from .ranking import only_in_margin, unavailable_reason
 from .spend import Ledger
@@ -223,7 +223,7 @@ def step_leaders(state: Node, ordered: Sequence[Node], faster: Callable[[Node], 
         if len(n.ir.calls) != calls:
             structural = structural or n
             continue
-        group = (n.recipe[-1].split("{")[0], changed_call(n))
+        group = (spec_name(n.recipe[-1]), changed_call(n))
         if group not in seen:
             seen.add(group)
             keep.append(n)

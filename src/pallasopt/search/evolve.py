@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from ..config import SearchConfig
 from ..cost_model.hardware import Chip
 from ..ir.kernel_ir import KernelIR
-from ..passes.base import Pass
+from ..passes.base import Pass, spec_name
 from ..passes.registry import parse_pipeline
 from .funnel import PRUNE_FACTOR, Funnel
 from .node import Node, ProgressFn, SearchOutcome
@@ -35,10 +35,6 @@ CROSSOVER_P = 0.3  # share of offspring made by crossover (when the population h
 MAX_TRIES = 10  # proposals tried per wanted offspring before a generation gives up
 UNIFORM_P = 0.25  # share of choice draws uniform over the whole list (exploration); the rest favour its head
 HEAD_P = 0.3  # the head-favouring draw is geometric: rank r with probability HEAD_P x (1 - HEAD_P)^r (mean ~2.3)
-
-
-def _name(spec: str) -> str:
-    return spec.split("{", 1)[0]
 
 
 def pick(options: Sequence[Pass], rng: random.Random) -> Pass:
@@ -87,7 +83,7 @@ def mutate(f: Funnel, member: Node, passes: Sequence[type[Pass]], rng: random.Ra
     head = f.replay(f.root, r[:i])
     if head is None or head.ir is None or head.ir.workload is None:
         return None
-    candidates = list(passes) if kind == "insert" else [p for p in passes if p.name == _name(r[i])]
+    candidates = list(passes) if kind == "insert" else [p for p in passes if p.name == spec_name(r[i])]
     candidates = [p for p in candidates if f.choices(head, p)]  # a pass with no choice here cannot mutate it
     if not candidates:
         return None
