@@ -92,3 +92,51 @@ def test_nt_dot_general_and_a_local_transpose_read_the_pre_transposed_block() ->
     assert "NT = (((1,), (1,)), ((), ()))" in src  # the shared constant stays for other users
     checked = check_many([new.source], str(NT_PATH), seeds=(0,))
     assert checked[0].ok, checked[0].message
+
+
+DEAD_PAD = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def _kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0
+
+
+def double(x):
+    xp = jnp.pad(x, ((8, 8), (0, 0)))
+    rows = {rows}
+    return pl.pallas_call(
+        _kernel,
+        grid=(rows // 8,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((rows, 128), x.dtype),
+    )({operand})
+
+
+def reference(x):
+    return {reference}
+
+
+def make_inputs(key, M=64):
+    return (jax.random.normal(key, (M, 128), jnp.float32),)
+"""
+
+
+@pytest.mark.parametrize(
+    ("rows", "operand", "reference", "charged"),
+    [
+        ("xp.shape[0] - 16", "x", "x * 2.0", False),  # xp lends only its shape: XLA never pads
+        ("xp.shape[0]", "xp", "jnp.pad(x, ((8, 8), (0, 0))) * 2.0", True),  # the kernel reads the padded copy
+    ],
+)
+def test_wrapper_cost_leaves_out_dead_ops(
+    tmp_path: Path, rows: str, operand: str, reference: str, charged: bool
+) -> None:
+    path = tmp_path / "dead_pad.py"
+    path.write_text(DEAD_PAD.format(rows=rows, operand=operand, reference=reference))
+    cost = wrapper_cost(KernelIR.from_file(path))
+    pad = 64 * 128 * 4 + 4 + 80 * 128 * 4  # reads x and the pad value, writes the padded copy
+    assert (cost.ops, cost.bytes) == ((("pad",), pad) if charged else ((), 0))

@@ -187,11 +187,13 @@ _CACHE: dict[str, WrapperCost] = {}
 
 def wrapper_cost(ir: KernelIR) -> WrapperCost:
     """The wrapper cost of a loaded kernel module (zero when it is not loaded in this process, e.g. untrusted
-    source); cached by source digest."""
+    source); cached by source digest. Ops whose results nothing uses are left out (`ir.body.live_jaxpr`): XLA does
+    not run them."""
     if ir.workload is None:
         return WrapperCost(0, ())
     if ir.digest not in _CACHE:
+        from ..ir.body import live_jaxpr
         from ..ir.trace import trace_entry
 
-        _CACHE[ir.digest] = wrapper_cost_of_jaxpr(trace_entry(ir.workload).jaxpr)
+        _CACHE[ir.digest] = wrapper_cost_of_jaxpr(live_jaxpr(trace_entry(ir.workload)).jaxpr)
     return _CACHE[ir.digest]

@@ -83,6 +83,17 @@ STRUCTURAL = frozenset(
 )
 
 
+def live_jaxpr(closed: Any) -> Any:
+    """`closed` (a ClosedJaxpr) without the equations its outputs do not need, in nested jit bodies too: what XLA
+    would run of it. A wrapper can trace an op whose result only lends its shape (`xp = jnp.pad(x, ...)` left behind
+    by a rewrite that moved the padding into the kernel, read later as `xp.shape[0]`); XLA drops it, so the cost of
+    the wrapper must not count it."""
+    from jax._src.interpreters.partial_eval import dce_jaxpr  # JAX's own dead-code elimination (private API)
+
+    jaxpr, _ = dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))  # keeps the constvars as they are
+    return jax.extend.core.ClosedJaxpr(jaxpr, closed.consts)
+
+
 def subjaxprs(eqn: Any) -> Iterator[Any]:
     """Inner jaxprs of an equation (pjit, cond branches, scan/while bodies, custom calls, run_scoped)."""
     for value in eqn.params.values():

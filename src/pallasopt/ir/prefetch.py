@@ -24,6 +24,7 @@ import jax.extend.core
 import numpy as np
 
 from ..workload import Workload
+from .body import live_jaxpr
 
 MAX_ELEMS = 1 << 20  # largest value on the way to a prefetch table (elements)
 
@@ -152,7 +153,11 @@ def _evaluate(workload: Workload, dims: Mapping[str, int], scope: _Scope, target
         resolver.inputs = {i: leaves[i] for i in wanted}
         return [resolver.value(v, scope) for v in targets]
 
-    closed = _pruned(jax.make_jaxpr(run)())  # cheap; the compile below is what costs (~0.4 s on a page table)
+    # Pruned: `make_inputs` is traced whole, so the program held the float inputs' ops too, and their shapes made the
+    # cache key: the check-dim derivation of paged attention traced 20 dim sets (each new D, Hq or Hkv a new key and
+    # a 0.4 s compile, 7 s per candidate, 62 s of a 120 s bench budget on 2026-12-04) where the page table depends
+    # on three dims.
+    closed = live_jaxpr(jax.make_jaxpr(run)())  # cheap; the compile below is what costs (~0.4 s on a page table)
     key = (str(closed.jaxpr), tuple(_digest(c) for c in closed.consts))
     with _VALUES_LOCK:
         hit = _VALUES.get(key)
@@ -165,17 +170,6 @@ def _evaluate(workload: Workload, dims: Mapping[str, int], scope: _Scope, target
         while len(_VALUES) > VALUES_CACHE:
             _VALUES.popitem(last=False)
     return list(values)
-
-
-def _pruned(closed: Any) -> Any:
-    """`closed` without the equations its outputs do not need. `make_inputs` is traced whole, so the program held
-    the float inputs' ops too, and their shapes made the cache key: the check-dim derivation of paged attention
-    traced 20 dim sets (each new D, Hq or Hkv a new key and a 0.4 s compile, 7 s per candidate, 62 s of a 120 s
-    bench budget on 2026-12-04) where the page table depends on three dims."""
-    from jax._src.interpreters.partial_eval import dce_jaxpr  # JAX's own dead-code elimination (private API)
-
-    jaxpr, _ = dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))  # keeps the constvars as they are
-    return jax.extend.core.ClosedJaxpr(jaxpr, closed.consts)
 
 
 VALUES_CACHE = 64  # programs whose values are kept, least recently used dropped (a few integer tables each)
