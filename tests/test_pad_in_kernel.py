@@ -201,3 +201,61 @@ def test_a_lambda_that_does_not_forward_its_refs_in_order_declines(forward: str)
     assert PadInKernelPass.choices(ir, V5E) == ()
     with pytest.raises(PassNotApplicable, match="cannot find the kernel function"):
         PadInKernelPass(call=0, operand=0).apply(ir)
+
+
+def test_dma_prefetches_each_new_block_into_a_padded_slot() -> None:
+    """`dma=true` on rows3x3 (one image per n over H row steps): the input stays in HBM, a DMA writes each image
+    into the interior of a zeroed two-slot scratch when its first row step comes, and starts the next image's copy
+    then, so it lands during this image's steps; the body reads the arrived slot under the old name."""
+    ir = KernelIR.from_file(ROWS)
+    assert PadInKernelPass(call=0, operand=0, dma=True) in PadInKernelPass.choices(ir, V5E)
+    new = PadInKernelPass(call=0, operand=0, dma=True).apply(ir)
+    x = new.calls[0].inputs[0]
+    assert (x.memory_space, x.shape) == ("any", (4, 16, 16, 128))
+    wrapper = _function(new.source, "rows3x3")
+    assert "in_specs=[pl.BlockSpec(memory_space=pl.ANY)]" in wrapper and ")(x)" in wrapper and "pad" not in wrapper
+    assert "scratch_shapes=[pltpu.VMEM((2, 1, H + 2, W + 2, C), x.dtype), pltpu.SemaphoreType.DMA((2,))]" in wrapper
+    kernel = _function(new.source, "_row_kernel")
+    assert "def _row_kernel(x_ref_hbm, o_ref, x_ref_slots, x_ref_sem):" in kernel
+    copy = "x_ref_hbm.at[pl.ds(_blk * x_ref_slots.shape[1], x_ref_slots.shape[1]), :, :, :], x_ref_slots.at[_slot, :, "
+    assert copy + "pl.ds(1, x_ref_hbm.shape[1]), pl.ds(1, x_ref_hbm.shape[2]), :], x_ref_sem.at[_slot]" in kernel
+    assert "@pl.when((_x_ref_step == 0) & (pl.program_id(1) == 0))" in kernel  # zero both slots, fetch image 0
+    assert "_x_ref_copy((pl.program_id(0) + 1) % pl.num_programs(0), 1 - _x_ref_slot).start()" in kernel
+    assert "x_ref = x_ref_slots.at[_x_ref_slot]" in kernel and "acc += x_ref[0, h + dy, pl.ds(dx, W), :]" in kernel
+    assert model_tier(new, V5E).data["wrapper_s"] == 0  # the padded copy no longer goes through HBM
+
+
+@pytest.mark.parametrize(
+    ("path", "edits", "why"),
+    [
+        (BOX, (), "several grid axes"),  # the block follows n and the channel block c
+        (
+            ROWS,
+            (
+                (
+                    "        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),\n",
+                    "        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),\n"
+                    "        compiler_params=dict(mosaic=dict(dimension_semantics=('parallel', 'arbitrary'))),\n",
+                ),
+            ),
+            "marked parallel",
+        ),
+        (  # bf16 rows pack 16 to a tile: a copy cannot start at row 1 (Mosaic: offsets must be tile-aligned)
+            ROWS,
+            (
+                ("(N, H, W, C), jnp.float32)", "(N, H, W, C), jnp.float32).astype(jnp.bfloat16)"),
+                ("o_ref[0, 0] = acc", "o_ref[0, 0] = acc.astype(o_ref.dtype)"),
+            ),
+            "multiple of 16",
+        ),
+    ],
+)
+def test_dma_declines(path: Path, edits: tuple[tuple[str, str], ...], why: str) -> None:
+    source = path.read_text()
+    for old, new in edits:
+        assert old in source
+        source = source.replace(old, new)
+    ir = KernelIR.from_source(source, str(path))
+    assert PadInKernelPass(call=0, operand=0, dma=True) not in PadInKernelPass.choices(ir, V5E)
+    with pytest.raises(PassNotApplicable, match=why):
+        PadInKernelPass(call=0, operand=0, dma=True).apply(ir)

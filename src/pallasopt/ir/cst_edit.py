@@ -410,18 +410,21 @@ def ref_via_scratch(
     inner: str,
     prologue: Sequence[cst.BaseStatement],
     n_refs: int | None = None,
+    added: Sequence[str] = (),
 ) -> cst.FunctionDef:
-    """The kernel taking its `operand`-th ref as `inner` (in `ref`'s place) and a new positional parameter named
-    `ref` (a VMEM scratch the call adds) after its `n_refs` refs (default: last; a kernel behind a forwarding lambda
-    may take values of the lambda's after them), running `prologue` (which builds the scratch from `inner`) first
-    thing in the body, after a docstring: the body reads `ref` as before."""
+    """The kernel taking its `operand`-th ref as `inner` (in `ref`'s place) and new positional parameters named
+    `added` (default: `ref`; scratch the call adds, in order) after its `n_refs` refs (default: last; a kernel behind
+    a forwarding lambda may take values of the lambda's after them), running `prologue` (which builds `ref` from
+    `inner` and them) first thing in the body, after a docstring: the body reads `ref` as before."""
     params = list(kernel.params.params)
     at = len(params) if n_refs is None else n_refs
     params[operand] = params[operand].with_changes(name=cst.Name(inner))
     comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    new = cst.Param(name=cst.Name(ref), comma=comma if at < len(params) else cst.MaybeSentinel.DEFAULT)
     params[at - 1] = params[at - 1].with_changes(comma=comma)
-    params.insert(at, new)
+    names, tail = list(added) or [ref], at < len(params)  # tail: parameters after the new ones
+    for k, name in enumerate(names):
+        end = k == len(names) - 1 and not tail
+        params.insert(at + k, cst.Param(name=cst.Name(name), comma=cst.MaybeSentinel.DEFAULT if end else comma))
     body = kernel.body
     assert isinstance(body, cst.IndentedBlock)
     stmts = list(body.body)
