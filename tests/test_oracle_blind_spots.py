@@ -114,6 +114,12 @@ CASES: dict[str, tuple[str, str, str, tuple[tuple[str, str], ...]]] = {
         ),
     ),
     # caught before too (the DMA into buf races with the DMA out of it); kept with its twin
+    "dma-prefetch-wrong-slot": (
+        "dma_prefetch_wrong_slot.py",
+        "deadlock",
+        "no copy in flight",
+        (("fetch(i + 1, slot).start()  # BUG", "fetch(i + 1, 1 - slot).start()  #"),),
+    ),
     "dma-read-during-write": (
         "dma_read_during_write.py",
         "race",

@@ -222,7 +222,13 @@ def test_dma_prefetches_each_new_block_into_a_padded_slot() -> None:
     assert "@pl.when((_x_ref_step == 0) & (pl.program_id(1) == 0))" in kernel  # zero both slots, fetch image 0
     assert "_x_ref_copy((pl.program_id(0) + 1) % pl.num_programs(0), 1 - _x_ref_slot).start()" in kernel
     assert "x_ref = x_ref_slots.at[_x_ref_slot]" in kernel and "acc += x_ref[0, h + dy, pl.ds(dx, W), :]" in kernel
-    assert model_tier(new, V5E).data["wrapper_s"] == 0  # the padded copy no longer goes through HBM
+    model = model_tier(new, V5E).data
+    assert model["wrapper_s"] == 0  # the padded copy no longer goes through HBM
+    # four copies of one image each over 64 grid steps: the model pays four copy latencies, not 64
+    image = 16 * 16 * 128 * 4
+    assert new.calls[0].body.dma_copy_bytes == image
+    one = V5E.dma_latency_s + image / V5E.delivered_hbm_bw_bytes_s
+    assert model["calls"][0]["dma_latency_s"] == pytest.approx(4 * one)
 
 
 @pytest.mark.parametrize(

@@ -303,11 +303,21 @@ def manual_dma_depth(call: CallFacts) -> int:
     return max(slots, default=2)
 
 
+def manual_dma_rounds(call: CallFacts, manual_bytes: float) -> int:
+    """How many rounds of manual copies the grid makes: one per step, or fewer where the copies move less than a
+    step's worth each time (a copy under `pl.when` that fetches a whole image once per 14 row steps: 32 rounds over
+    448 steps, the manual bytes over the largest copy)."""
+    copy = call.body.dma_copy_bytes
+    if copy <= 0:
+        return call.steps
+    return max(1, min(call.steps, math.ceil(manual_bytes / copy)))
+
+
 def manual_dma_time(steps: int, step_bytes: float, depth: int, chip: Chip) -> float:
     """Time the manual copies bound a grid's steps to: each copy takes `chip.dma_latency_s` + bytes / bandwidth
     from start to arrival. With a ring of `depth` slots, depth - 1 copies are in flight while a step computes, so
     the copies sustain one step per (latency + transfer) / (depth - 1) (Little's law); serialized (depth 1), every
-    step waits the whole copy (the caller adds the compute)."""
+    step waits the whole copy (the caller adds the compute). `steps`: the rounds of copies (`manual_dma_rounds`)."""
     one = chip.dma_latency_s + step_bytes / chip.delivered_hbm_bw_bytes_s
     return steps * one / max(depth - 1, 1)
 
@@ -378,7 +388,8 @@ def estimate_call(call: CallFacts, chip: Chip, order: Sequence[int] | None = Non
     body_time = max(dma_total, compute_total + overhead_total)
     manual_bytes = sum(t.bytes for t in traffic if "manual-dma" in (t.method, t.operand))
     depth = manual_dma_depth(call) if call.body.has_dma else 0
-    latency_total = manual_dma_time(steps, manual_bytes / max(steps, 1), depth, chip) if depth else 0.0
+    rounds = manual_dma_rounds(call, manual_bytes)
+    latency_total = manual_dma_time(rounds, manual_bytes / rounds, depth, chip) if depth else 0.0
     if depth == 1:  # each transfer waits before any compute starts: nothing overlaps
         body_time = dma_total - manual_bytes / bw + latency_total + compute_total + overhead_total
         notes.append(

@@ -22,7 +22,7 @@ class CheckResult:
     """The oracle's verdict on one kernel source."""
 
     ok: bool
-    # pass | mismatch | nan | shape | race | coverage | calls-reference | reference-kernel | overflow |
+    # pass | mismatch | nan | shape | race | deadlock | coverage | calls-reference | reference-kernel | overflow |
     # nondeterministic | pipelining | inputs | error | timeout | crash (docs/errors.md)
     status: str
     message: str

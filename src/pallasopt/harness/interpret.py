@@ -67,6 +67,50 @@ def _install_read_blocks() -> bool:
     return True
 
 
+class DeadlockError(RuntimeError):
+    """A kernel waits on a semaphore that nothing in flight can signal: on the chip it would hang."""
+
+
+def _deadlock_aware(wait: Any) -> Any:
+    """The TPU interpreter's `Semaphore.wait`, failing at once where it would spin forever: on one core (the checks
+    run one) the waiting thread is the only one, so a count short of the wait with no pending copy to run can never
+    rise (JAX 0.10.2's loop polls every 0.1 s until the check's timeout, 300 s and more, a whole search budget). With
+    copies pending it runs them one at a time as JAX's loop does, then leaves the wait (and its clocks) to JAX."""
+
+    def checked(self: Any, value: Any, global_core_id: Any, *args: Any, **kwargs: Any) -> Any:
+        core = int(global_core_id)
+        while self.num_cores == 1:
+            self.shared_memory.check_failed()
+            with self.cv:
+                count = int(self.count_by_core[core])
+                task = self.tasks[core].pop() if count < value and self.tasks[core] else None
+            if count >= value:
+                break
+            if task is None:
+                raise DeadlockError(
+                    f"deadlock: the kernel waits on a semaphore for {int(value)} with {count} signalled and no copy in "
+                    "flight to signal it (a wait on the wrong slot or semaphore, or a copy never started): on the "
+                    "chip it would hang"
+                )
+            task()
+        return wait(self, value, global_core_id, *args, **kwargs)
+
+    checked.__wrapped__ = wait  # type: ignore[attr-defined]
+    return checked
+
+
+def _install_deadlock_check() -> bool:
+    """Wrap the TPU interpreter's semaphore wait with `_deadlock_aware` (once per process); False when this JAX has
+    no such class (then a deadlocked kernel runs into the check's timeout, as before)."""
+    try:
+        from jax._src.pallas.mosaic.interpret.shared_memory import Semaphore
+    except ImportError:
+        return False
+    if not hasattr(Semaphore.wait, "__wrapped__"):
+        Semaphore.wait = _deadlock_aware(Semaphore.wait)  # type: ignore[method-assign]
+    return True
+
+
 @contextlib.contextmanager
 def interpret_mode(simulate_tpu: bool) -> Iterator[Any]:
     """Force every pallas_call traced inside to run in interpret mode, without editing the kernel.
@@ -81,6 +125,7 @@ def interpret_mode(simulate_tpu: bool) -> Iterator[Any]:
     if simulate_tpu:
         from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
 
+        _install_deadlock_check()
         params = pltpu.InterpretParams(
             detect_races=True, uninitialized_memory="nan", vector_clock_size=VECTOR_CLOCK_SIZE
         )

@@ -13,6 +13,7 @@ inputs scaled by 1e4 must give finite outputs wherever the reference's are (over
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -194,8 +195,14 @@ def _run_once(
 ) -> tuple[str, str, list[np.ndarray]]:
     """Run kernel and reference on `args` and compare: (status, message, the kernel's output leaves)."""
     before = _snapshot(args)
-    with interpret_mode(simulate) as state:
-        out = jax.block_until_ready(workload.entry(*args))
+    try:
+        with interpret_mode(simulate) as state:
+            out = jax.block_until_ready(workload.entry(*args))
+    except Exception as e:  # the interpreter's semaphore wait raised from inside a callback: JAX wraps it
+        found = re.search(r"deadlock: [^\n]*?hang", str(e))
+        if found is None:
+            raise
+        return "deadlock", f"{label}: {found.group(0)}", []
     raced = simulate and races_found(state)
     ref = jax.block_until_ready(reference(*args))
     after = _snapshot(args)

@@ -462,7 +462,17 @@ def body_stats(
         loop_note=_loop_note(prof),
         loop_trips_vary=prof is not None and prof.complete and prof.per_step,
         dma_step_bytes=sum(dma_bytes(e) for e in kernel_jaxpr.eqns if e.primitive.name == "dma_wait"),
+        dma_copy_bytes=max(_copy_sizes(kernel_jaxpr), default=0),
     )
+
+
+def _copy_sizes(jaxpr: Any) -> Iterator[int]:
+    """Bytes of every `dma_start` in `jaxpr` and the jaxprs nested in it (branches, loop bodies)."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dma_start":
+            yield dma_bytes(eqn)
+        for sub in subjaxprs(eqn):
+            yield from _copy_sizes(sub)
 
 
 def _loop_note(prof: LoopProfile | None) -> str:

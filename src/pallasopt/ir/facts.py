@@ -183,6 +183,9 @@ class BodyStats:
     # Bytes the kernel's top-level `dma_wait`s receive per grid step (each waits on one copy every step, whether
     # that copy was started this step or earlier in a ring); 0 without manual DMA.
     dma_step_bytes: int = 0
+    # The largest single manual copy the body starts, at any depth (under `pl.when` too): with the manual traffic it
+    # tells how many rounds of copies the grid makes (`cost_model/roofline.py: manual_dma_rounds`).
+    dma_copy_bytes: int = 0
 
     @property
     def mxu_flops(self) -> int:
