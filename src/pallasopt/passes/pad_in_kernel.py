@@ -351,10 +351,7 @@ class PadInKernelPass(Pass):
             edits[forwarder] = forward_new_ref(forwarder)
         block = ", ".join(t for t, _ in visible) + ("," if len(visible) == 1 else "")
         add_scratch(loc, node, [cst.parse_expression(f"{pltpu}.VMEM(({block}), {padded.source}.dtype)")], edits)
-        try:
-            new = ir.with_module(replace_many(loc.wrapper.module, nested_into(loc, edits)), self.spec())
-        except KernelError as e:
-            raise PassNotApplicable(f"the rewritten module does not trace: {e.message}") from None
+        new = self._retraced(ir, loc, edits)
         got = new.calls[self.call]
         x = got.inputs[self.operand]
         whole = all(x.block_shape[d] == x.shape[d] for d, w in enumerate(padded.widths) if _padded(w))
@@ -445,10 +442,7 @@ class PadInKernelPass(Pass):
         block = ", ".join(t for t, _ in visible)
         new_scratch = [f"{pltpu}.VMEM((2, {block}), {padded.source}.dtype)", f"{pltpu}.SemaphoreType.DMA((2,))"]
         add_scratch(loc, node, [cst.parse_expression(e) for e in new_scratch], edits)
-        try:
-            new = ir.with_module(replace_many(loc.wrapper.module, nested_into(loc, edits)), self.spec())
-        except KernelError as e:
-            raise PassNotApplicable(f"the rewritten module does not trace: {e.message}") from None
+        new = self._retraced(ir, loc, edits)
         got = new.calls[self.call]
         x = got.inputs[self.operand]
         check(
@@ -456,3 +450,10 @@ class PadInKernelPass(Pass):
             f"the rewrite traced to input memory {x.memory_space}, grid {got.grid}, {len(got.scratch)} scratch",
         )
         return new
+
+    def _retraced(self, ir: KernelIR, loc: Located, edits: dict[cst.CSTNode, cst.CSTNode]) -> KernelIR:
+        """`ir` with `edits` made, re-traced; PassNotApplicable when the result does not trace."""
+        try:
+            return ir.with_module(replace_many(loc.wrapper.module, nested_into(loc, edits)), self.spec())
+        except KernelError as e:
+            raise PassNotApplicable(f"the rewritten module does not trace: {e.message}") from None
