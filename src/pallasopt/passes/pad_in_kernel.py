@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import libcst as cst
 
-from ..cost_model.hardware import Chip
+from ..cost_model.hardware import Chip, native_tile
 from ..errors import KernelError, PassNotApplicable, check
-from ..ir.builders import fresh_name
+from ..ir.builders import affine_results, fresh_name
 from ..ir.cst_edit import add_scratch, ensure_pltpu, forward_new_ref, nested_into, ref_via_scratch, replace_many
-from ..ir.facts import CallFacts, Operand, dtype_bytes
+from ..ir.facts import CallFacts, Operand
 from ..ir.kernel_ir import KernelIR
 from ..ir.matchers import (
     PALLAS,
@@ -180,14 +180,6 @@ def reuse_axes(call: CallFacts, op: Operand) -> tuple[int, ...]:
     return trailing
 
 
-def _affine(coef: int, const: int, var: str) -> str:
-    """`coef * var + const` as short source text."""
-    if coef == 0:
-        return str(const)
-    term = var if coef == 1 else f"{coef} * {var}"
-    return f"{term} + {const}" if const else term
-
-
 class _Unindented(cst.CSTTransformer):
     """Blank lines without the block's indentation (libcst indents the blank lines of a parsed block)."""
 
@@ -217,12 +209,12 @@ def check_dma_offsets(op: Operand, widths: Pads) -> None:
     dimensions must be aligned to tiles"), lanes by 128 and, below 32 bits, rows by the packed tile (16 for bf16);
     32-bit rows at any offset compile (fused_22's f32 image padded by 1 row and column: libtpu 0.0.42.1, v5e)."""
     visible = [(w, d) for d, (b, w) in enumerate(zip(op.block_shape, widths, strict=True)) if b is not None]
-    rows = 8 * 4 // max(1, dtype_bytes(op.dtype))
+    rows, lane_tile = native_tile(op.dtype)
     for pos, ((lo, _), d) in enumerate(visible[-2:]):
         if not _padded(widths[d]):
             continue
         lanes = pos == len(visible[-2:]) - 1
-        align = 128 if lanes else (1 if rows <= 8 else rows)
+        align = lane_tile if lanes else (1 if rows <= 8 else rows)
         check(
             isinstance(lo, int) and lo % align == 0,
             f"dim {d} is padded by {lo} before: a DMA cannot write {'lanes' if lanes else 'rows'} of {op.dtype} at "
@@ -264,10 +256,15 @@ class PadInKernelPass(Pass):
 
     @classmethod
     def choices(cls, ir: KernelIR, chip: Chip) -> tuple[Pass, ...]:
-        return (
-            *per_input_choices(ir, lambda c, i: cls(call=c, operand=i), lambda p: p._plan(ir, ir.module)),
-            *per_input_choices(ir, lambda c, i: cls(call=c, operand=i, dma=True), lambda p: p._plan(ir, ir.module)),
-        )
+        plain = per_input_choices(ir, lambda c, i: cls(call=c, operand=i), lambda p: p._plan(ir, ir.module))
+        return (*plain, *(p for p in (replace(q, dma=True) for q in plain) if p._dma_viable(ir)))
+
+    def _dma_viable(self, ir: KernelIR) -> bool:
+        try:
+            self._plan(ir, ir.module)
+        except PassNotApplicable:
+            return False
+        return True
 
     def _plan(
         self, ir: KernelIR, module: cst.Module
@@ -316,15 +313,13 @@ class PadInKernelPass(Pass):
         texts = [code(e.value) for e in shape.elements]
         new_dims = [_shrunk(t, w) if _padded(w) else t for t, w in zip(texts, padded.widths, strict=True)]
         new_shape = cst.parse_expression(f"({', '.join(new_dims)}{',' if len(new_dims) == 1 else ''})")
-        # In place when the list holds the BlockSpec itself; else (a name of a spec other operands may share) the
-        # list element becomes a new spec.
-        edits: dict[cst.CSTNode, cst.CSTNode] = (
-            {shape: new_shape} if where is spec else {where: spec.deep_replace(shape, new_shape)}
-        )
-        if self.dma:
-            pl = module_alias(loc.wrapper.module, PALLAS, through_parent=False)
-            assert pl is not None
+        pl = module_alias(loc.wrapper.module, PALLAS, through_parent=False)
+        edits: dict[cst.CSTNode, cst.CSTNode]
+        if self.dma:  # the input stays in HBM (`_plan` checked `pl`)
             edits = {where: cst.parse_expression(f"{pl}.BlockSpec(memory_space={pl}.ANY)")}
+        else:  # in place when the list holds the BlockSpec itself; else (a name of a spec other operands may share)
+            # the list element becomes a new spec
+            edits = {shape: new_shape} if where is spec else {where: spec.deep_replace(shape, new_shape)}
         site = call_site(loc, node, trailing_star=True)
         assert site is not None
         edits[site.operands[self.operand]] = cst.Name(padded.source)
@@ -333,12 +328,13 @@ class PadInKernelPass(Pass):
             edits[dead] = cst.RemovalSentinel.REMOVE  # type: ignore[assignment]
         visible = [(t, w) for t, w, b in zip(texts, padded.widths, op.block_shape, strict=True) if b is not None]
         if self.dma:
-            return self._apply_dma(ir, loc, node, kernel, ref, padded, edits, forwarder, pltpu, jnp, visible)
+            assert pl is not None
+            return self._apply_dma(ir, loc, node, kernel, ref, padded, edits, forwarder, (pl, pltpu, jnp), visible)
         inner = fresh_name(used_names(kernel), f"{ref}_unpadded")  # parameter names included
         offsets = [_offset(w, ref, inner, k) if _padded(w) else None for k, (_, w) in enumerate(visible)]
         index = ", ".join(":" if o is None else f"{o}:{o} + {inner}.shape[{k}]" for k, o in enumerate(offsets))
         build = f"{ref}[...] = {jnp}.zeros({ref}.shape, {ref}.dtype)\n{ref}[{index}] = {inner}[...]\n"
-        axes, pl = reuse_axes(facts, op), module_alias(loc.wrapper.module, PALLAS, through_parent=False)
+        axes = reuse_axes(facts, op)
         if axes and pl is not None:
             when = " & ".join(f"({pl}.program_id({a}) == 0)" for a in axes)
             fn = fresh_name(used_names(kernel), f"_build_{ref}")
@@ -371,16 +367,16 @@ class PadInKernelPass(Pass):
         padded: _Site,
         edits: dict[cst.CSTNode, cst.CSTNode],
         forwarder: cst.Lambda | None,
-        pltpu: str,
-        jnp: str,
+        aliases: tuple[str, str, str],
         visible: list[tuple[str, tuple[Width, Width]]],
     ) -> KernelIR:
         """The `dma=true` rewrite: `edits` already pass `x` in HBM; the kernel prefetches its blocks (`fetched_axis`)
-        into a two-slot padded scratch and reads the arrived slot under the old ref name."""
+        into a two-slot padded scratch and reads the arrived slot under the old ref name. `aliases`: how the module
+        spells `pl`, `pltpu` and `jnp`."""
         facts = ir.calls[self.call]
         op = facts.inputs[self.operand]
-        pl = module_alias(loc.wrapper.module, PALLAS, through_parent=False)
-        assert pl is not None and op.index_map.affine is not None
+        pl, pltpu, jnp = aliases
+        assert op.index_map.affine is not None
         axis = fetched_axis(facts, op)
         used = used_names(kernel)
         inner, slots, sem = (fresh_name(used, f"{ref}_{s}") for s in ("hbm", "slots", "sem"))
@@ -389,7 +385,7 @@ class PadInKernelPass(Pass):
         src, dst, k = [], [], 0
         for d, (b, width) in enumerate(zip(op.block_shape, padded.widths, strict=True)):
             row = op.index_map.affine[d]
-            at = _affine(row[axis], row[-1], "_blk")
+            (at,) = affine_results([(row[axis], row[-1])], ["_blk"], {0: 0})
             if b is None:
                 src.append(at)
                 continue
