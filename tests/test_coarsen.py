@@ -13,6 +13,7 @@ from pallasopt.harness.check import check_many
 from pallasopt.ir.kernel_ir import KernelIR
 from pallasopt.passes.coarsen import CoarsenPass
 from pallasopt.passes.registry import parse_pipeline
+from pallasopt.passes.tile import TilePass
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "kernels" / "coarsen" / "row_prefix.py"
@@ -32,8 +33,21 @@ def test_rows_per_step_and_the_body_loop() -> None:
     (c,) = new.calls
     assert c.grid == (16,) and [o.block_shape for o in c.operands] == [(4, 256), (4, 256), (4, 128)]
     assert c.scratch == ir.calls[0].scratch  # the running sum's scratch is not walked: one row still
-    assert "for r in range(4):" in new.source and "(pl.program_id(0) * 4 + r)" in new.source
+    # the rows per step read off a walked block (the last walked ref, an output), not the literal 4
+    assert "for r in range(s_ref.shape[0]):" in new.source and "(pl.program_id(0) * s_ref.shape[0] + r)" in new.source
     assert "x_ref[r, :]" in new.source and "acc_ref[0, :]" in new.source and "grid=(M // 4,)" in new.source
+
+
+@pytest.mark.slow
+def test_a_later_tile_of_the_coarsened_block_keeps_the_loop_in_step() -> None:
+    """`tile` sees `by` in the grid and specs as a block knob. Seen on the chip (session 31): fused_22's
+    `coarsen{by=4},...,tile{axis1=14}` looped over 4 rows of its 14-row block and left the other rows unwritten."""
+    ir = KernelIR.from_file(FIXTURE)
+    coarse = CoarsenPass(call=0, axis=0, by=4).apply(ir)
+    retiled = [p.apply(coarse) for p in TilePass.choices(coarse, V5E)]
+    assert {r.calls[0].operands[0].block_shape[0] for r in retiled} == {8, 16, 32, 64}
+    checked = check_many([r.source for r in retiled], str(FIXTURE))
+    assert all(c.ok for c in checked), [(r.recipe, c.message) for r, c in zip(retiled, checked, strict=True)]
 
 
 def _edited(edits: dict[str, str]) -> KernelIR:

@@ -47,9 +47,10 @@ class CoarsenPass(Pass):
     For kernels written one row per step (a block of size 1 along some dim, the body indexing it with a literal 0 and
     reading `pl.program_id(axis)` for the row): every step pays the pipeline's fixed cost (DMA issue and wait, the
     step's bookkeeping; about 0.35 us on v5e) for very little work. The rewrite divides the axis's extent by `by`,
-    makes each block that axis walks `by` rows deep, and wraps the body in `for r in range(by)`, with the literal 0
-    of those refs' indexing replaced by `r` and `pl.program_id(axis)` by `pl.program_id(axis) * by + r` (so rows run
-    in the old order). Needs the extent divisible by `by` at the traced dims; where it is not at another size the
+    makes each block that axis walks `by` rows deep, and wraps the body in `for r in range(o_ref.shape[d])` (the
+    block's rows, read off a walked ref so that a later `tile` of that block keeps the loop in step), with the literal
+    0 of those refs' indexing replaced by `r` and `pl.program_id(axis)` by `pl.program_id(axis) * o_ref.shape[d] + r`
+    (so rows run in the old order). Needs the extent divisible by `by` at the traced dims; where it is not at another size the
     original divided, the run's multi-size check says so. Declines when a ref the axis walks is used other than
     indexed with a literal 0 in that dim (read whole, sliced, passed on) or its `.shape` in that dim is read, for a
     body with `return`, a kernel shared with another call or a helper reading program_id, non-affine maps, manual
@@ -101,9 +102,7 @@ class CoarsenPass(Pass):
         module = loc.wrapper.module
         row = fresh_name(used_names(kernel) | module_names(module), "r")
         dims = {refs[k]: d for k, d in walked}
-        edits: dict[cst.CSTNode, cst.CSTNode] = {
-            kernel: looped(kernel, dims, self.axis, self.by, row, pl_alias(module))
-        }
+        edits: dict[cst.CSTNode, cst.CSTNode] = {kernel: looped(kernel, dims, self.axis, row, pl_alias(module))}
         edits.update(_grid_edit(loc, node, self.axis, self.by))
         edits.update(_block_edits(loc, node, facts, walked, self.by))
         new = ir.with_module(replace_many(module, edits), self.spec())
@@ -134,9 +133,10 @@ def walked_dims(c: CallFacts, axis: int) -> tuple[tuple[int, int], ...] | str:
     return tuple(out) if out else f"no operand walks axis {axis}"
 
 
-def looped(kernel: cst.FunctionDef, dims: Mapping[str, int], axis: int, by: int, row: str, pl: str) -> cst.FunctionDef:
-    """The kernel with its body in `for row in range(by)`: each ref in `dims` indexed at `row` instead of a literal
-    0 in its dim, `program_id(axis)` the old step's index (declines any other use of those refs)."""
+def looped(kernel: cst.FunctionDef, dims: Mapping[str, int], axis: int, row: str, pl: str) -> cst.FunctionDef:
+    """The kernel with its body in `for row in range(ref.shape[d])` (a walked ref's rows per block): each ref in
+    `dims` indexed at `row` instead of a literal 0 in its dim, `program_id(axis)` the old step's index (declines any
+    other use of those refs)."""
     returns = [r for r in m.findall(kernel.body, m.Return()) if not _in_nested_def(kernel, r)]
     check(not returns, "the kernel body returns early")
     _check_ref_uses(kernel, dims)
@@ -145,9 +145,13 @@ def looped(kernel: cst.FunctionDef, dims: Mapping[str, int], axis: int, by: int,
     assert isinstance(body, cst.IndentedBlock)
     stmts = list(body.body)
     doc = stmts[:1] if stmts and m.matches(stmts[0], m.SimpleStatementLine([m.Expr(m.SimpleString())])) else []
-    inner = cst.IndentedBlock(body=stmts[len(doc) :]).visit(_Rows(dims, axis, by, row, pl))
+    # The row count read off a walked ref's block, not the literal `by`: a later pass that re-tiles that block
+    # (`tile` sees `by` in the grid and specs as a block knob) leaves the loop and the step's first row in step.
+    ref, d = list(dims.items())[-1]  # the last walked ref: an output where one is walked
+    rows = f"{ref}.shape[{d}]"
+    inner = cst.IndentedBlock(body=stmts[len(doc) :]).visit(_Rows(dims, axis, rows, row, pl))
     assert isinstance(inner, cst.IndentedBlock)
-    loop = cst.For(target=cst.Name(row), iter=cst.parse_expression(f"range({by})"), body=inner)
+    loop = cst.For(target=cst.Name(row), iter=cst.parse_expression(f"range({rows})"), body=inner)
     return kernel.with_changes(body=body.with_changes(body=[*doc, loop]))
 
 
@@ -203,9 +207,9 @@ def _row_index(sub: cst.Subscript, d: int) -> cst.Index:
 class _Rows(cst.CSTTransformer):
     """Row `row` of the walked refs, and the old step's index for `program_id(axis)`."""
 
-    def __init__(self, dims: Mapping[str, int], axis: int, by: int, row: str, pl: str) -> None:
+    def __init__(self, dims: Mapping[str, int], axis: int, rows: str, row: str, pl: str) -> None:
         super().__init__()
-        self.dims, self.axis, self.by, self.row, self.pl = dims, axis, by, row, pl
+        self.dims, self.axis, self.rows, self.row, self.pl = dims, axis, rows, row, pl
 
     def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.BaseExpression:
         if not isinstance(original.value, cst.Name) or original.value.value not in self.dims:
@@ -226,8 +230,8 @@ class _Rows(cst.CSTTransformer):
         if int(arg.evaluated_value) != self.axis:
             return updated
         if "num_programs" in code(original.func):
-            return cst.parse_expression(f"({code(updated)} * {self.by})")
-        return cst.parse_expression(f"({code(updated)} * {self.by} + {self.row})")
+            return cst.parse_expression(f"({code(updated)} * {self.rows})")
+        return cst.parse_expression(f"({code(updated)} * {self.rows} + {self.row})")
 
 
 def _grid_edit(loc: Located, node: cst.Call, axis: int, by: int) -> dict[cst.CSTNode, cst.CSTNode]:
