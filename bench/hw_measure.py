@@ -48,6 +48,8 @@ def _apply(source_path: Path, recipe: Sequence[str]) -> str:
     from pallasopt.ir.kernel_ir import KernelIR
     from pallasopt.passes.registry import parse_pipeline
 
+    if not any(recipe):  # the naive kernel (a probe's "" recipe): its file as it is
+        return source_path.read_text()
     ir = KernelIR.from_file(source_path)
     for p in parse_pipeline(",".join(recipe)):
         ir = p.apply(ir)

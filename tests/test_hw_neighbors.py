@@ -1,0 +1,64 @@
+"""bench/hw_neighbors.py: one step around a bench kernel's best recipe, for the chip to time (hw_measure's probe)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pallasopt.ir.kernel_ir import KernelIR
+from pallasopt.passes.registry import parse_pipeline
+
+ROOT = Path(__file__).resolve().parent.parent
+MATMUL = ROOT / "examples" / "matmul.py"
+RECIPE = ["tile{call=0,bm=256}", "tile{call=0,bn=256}"]
+
+
+def _script(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _source(recipe: list[str]) -> str:
+    ir = KernelIR.from_file(MATMUL)
+    for p in parse_pipeline(",".join(recipe)) if recipe else ():
+        ir = p.rewrite(ir)
+    return ir.source
+
+
+def test_the_best_first_then_its_prefixes_then_one_choice_of_each_pass(tmp_path: Path) -> None:
+    nb = _script("hw_neighbors")
+    bench = tmp_path / "bench.json"
+    row = {"kernel": "matmul", "path": str(MATMUL.relative_to(ROOT)), "recipe": RECIPE}
+    bench.write_text(json.dumps({"meta": {"target": "v5e"}, "rows": [row]}))
+    out = tmp_path / "probe.json"
+    assert nb.main([str(bench), "--kernels", "mat*", "--tiles", "3", "--out", str(out)]) == 0
+    probe = json.loads(out.read_text())
+    recipes = [r.split("|") for r in probe["kernels"]["matmul"]]
+    why = probe["why"]["matmul"]
+    assert recipes[:2] == [RECIPE, RECIPE[:1]] and why[:2] == ["best", "prefix 1"]
+    steps = recipes[2:]
+    assert all(r[:2] == RECIPE and len(r) == 3 for r in steps)
+    assert sum(w.startswith("tile ") for w in why) == 3  # the tile pass's three best by the model
+    assert {r[2].split("{")[0] for r in steps} - {"tile"}  # other passes' choices too
+    shas = [hashlib.sha1(_source(r).encode()).hexdigest() for r in recipes]
+    assert len(set(shas)) == len(shas)  # no two variants with the same source
+
+
+def test_a_probe_recipe_of_nothing_is_the_naive_kernel(tmp_path: Path) -> None:
+    hw = _script("hw_measure")
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"kernels": {"fused_30_avgpool_linear": ["", "tile{call=1,tm=32}"]}}))
+    assert hw.prepare(None, None, tmp_path / "run", probe) == 0
+    entries = json.loads((tmp_path / "run" / "manifest.json").read_text())["entries"]
+    naive = (ROOT / "bench" / "kernels" / "fused_30_avgpool_linear.py").read_text()
+    assert [e["id"] for e in entries] == ["fused_30_avgpool_linear__p0", "fused_30_avgpool_linear__p1"]
+    assert (tmp_path / "run" / entries[0]["file"]).read_text() == naive
+    assert entries[0]["sha1"] == hashlib.sha1(naive.encode()).hexdigest()
