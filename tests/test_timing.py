@@ -248,3 +248,27 @@ def test_hw_current_joins_chip_records_to_a_bench_run_by_exact_source(tmp_path: 
     assert n["best_h"] == pytest.approx(4e-3) and n["vs_xla_h"] == pytest.approx(0.25)
     assert u["best_h"] is None and u["records"] == [] and u["failed_on_chip"] == 0
     assert w["best_h"] is None and w["failed_on_chip"] == 1
+
+
+def test_hw_time_says_when_the_reference_cannot_run_at_highest_precision(tmp_path: Path) -> None:
+    """On the TPU jax.lax.ragged_dot's own Mosaic kernel refuses `highest` precision on bf16 ("Bad lhs type"): the
+    kernel was reported as failing on the chip before anything of it ran. Now it is timed, compared with XLA's
+    default-precision outputs, and every record says so."""
+    hw = _hw_measure()
+    module = tmp_path / "k.py"
+    module.write_text(
+        "import jax\nimport jax.numpy as jnp\nfrom jax._src import config\nfrom jax.experimental import pallas as pl\n\n"
+        'ENTRY = "double"\n\n\n'
+        "def _kernel(x_ref, o_ref):\n    o_ref[...] = x_ref[...] * 2.0\n\n\n"
+        "def double(x):\n"
+        "    return pl.pallas_call(_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=True)(x)\n\n\n"
+        "def reference(x):\n"
+        '    if config.default_matmul_precision.value == "highest":\n'
+        '        raise ValueError("Bad lhs type")\n'
+        "    return x + x\n\n\n"
+        "def make_inputs(key):\n    return (jax.random.normal(key, (8, 128), jnp.float32),)\n"
+    )
+    entry = {"id": "k__best", "file": "k.py", "kernel_path": str(module)}
+    rec = hw.time_one(entry, tmp_path, {})
+    assert rec["ok"] and rec["median_s"] > 0
+    assert rec["reference"].startswith("default precision (at highest it failed: ValueError: Bad lhs type")
