@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import hashlib
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from hw_measure import source_sha1  # noqa: E402  (what the chip records join on: a variant's exact source)
+
 SKIP = ("llm-rewrite", "cost-estimate")  # an LLM pass (no API here) and a pass that only annotates
 
 
@@ -36,11 +38,12 @@ def neighbours(path: Path, recipe: Sequence[str], tiles: int, chip_name: str) ->
     for p in parse_pipeline(",".join(recipe)) if recipe else ():
         irs.append(p.rewrite(irs[-1]))
     best = irs[-1]
-    seen = {_sha(best.source)}
+    seen = {source_sha1(best.source)}
     out: list[tuple[list[str], str]] = [(list(recipe), "best")]
     for n in range(len(recipe) - 1, 0, -1):
-        if _sha(irs[n].source) not in seen:
-            seen.add(_sha(irs[n].source))
+        sha = source_sha1(irs[n].source)
+        if sha not in seen:
+            seen.add(sha)
             out.append((list(recipe[:n]), f"prefix {n}"))
     for cls in PASSES:
         if cls.name in SKIP:
@@ -57,18 +60,15 @@ def neighbours(path: Path, recipe: Sequence[str], tiles: int, chip_name: str) ->
                 t = model_tier(new, chip).time_s
             except Exception:
                 continue
-            if t is None or _sha(new.source) in seen:
+            sha = source_sha1(new.source)
+            if t is None or sha in seen:
                 continue
-            seen.add(_sha(new.source))
+            seen.add(sha)
             found.append((t, [*recipe, c.spec()], f"{cls.name} [M] {t * 1e3:.3f} ms"))
         found.sort(key=lambda f: f[0])
         keep = found[:tiles] if cls.name == "tile" else found
         out += [(r, why) for _, r, why in keep]
     return out
-
-
-def _sha(s: str) -> str:
-    return hashlib.sha1(s.encode()).hexdigest()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

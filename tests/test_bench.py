@@ -8,7 +8,7 @@ import json
 import math
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, bench_script
 from rich.console import Console
 
 from pallasopt.bench import (
@@ -330,17 +330,13 @@ def test_retier_times_an_old_recipe_at_the_new_hbm_floor(monkeypatch) -> None:
     """bench/retier.py: a floor-bound old time moves to the new floor; a static-bound one stays unless the new floor
     passes it; a time under its own recomputed old floor is refused (the runs differ by more than the floor). It
     handles a max-joined tier only: at the v5e's p-norm it refuses."""
-    import importlib.util
     import math
     from dataclasses import replace
 
     import pallasopt.cost_model.hardware as hardware
     from pallasopt.search.tiers import compile_floor
 
-    spec = importlib.util.spec_from_file_location("retier", ROOT / "bench" / "retier.py")
-    assert spec is not None and spec.loader is not None
-    retier = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(retier)
+    retier = bench_script("retier")
     ir = KernelIR.from_file(MATMUL)
     with pytest.raises(RuntimeError, match="handles max only"):
         retier.retime({"kernel": "m", "path": str(MATMUL), "recipe": [], "best_s": 1.0}, "v5e")

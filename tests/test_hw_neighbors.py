@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from typing import Any
+
+from conftest import ROOT, bench_script
 
 from pallasopt.ir.kernel_ir import KernelIR
 from pallasopt.passes.registry import parse_pipeline
 
-ROOT = Path(__file__).resolve().parent.parent
 MATMUL = ROOT / "examples" / "matmul.py"
 RECIPE = ["tile{call=0,bm=256}", "tile{call=0,bn=256}"]
-
-
-def _script(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _source(recipe: list[str]) -> str:
@@ -34,7 +23,7 @@ def _source(recipe: list[str]) -> str:
 
 
 def test_the_best_first_then_its_prefixes_then_one_choice_of_each_pass(tmp_path: Path) -> None:
-    nb = _script("hw_neighbors")
+    nb = bench_script("hw_neighbors")
     bench = tmp_path / "bench.json"
     row = {"kernel": "matmul", "path": str(MATMUL.relative_to(ROOT)), "recipe": RECIPE}
     bench.write_text(json.dumps({"meta": {"target": "v5e"}, "rows": [row]}))
@@ -53,7 +42,7 @@ def test_the_best_first_then_its_prefixes_then_one_choice_of_each_pass(tmp_path:
 
 
 def test_a_probe_recipe_of_nothing_is_the_naive_kernel(tmp_path: Path) -> None:
-    hw = _script("hw_measure")
+    hw = bench_script("hw_measure")
     probe = tmp_path / "probe.json"
     probe.write_text(json.dumps({"kernels": {"fused_30_avgpool_linear": ["", "tile{call=1,tm=32}"]}}))
     assert hw.prepare(None, None, tmp_path / "run", probe) == 0

@@ -3,10 +3,8 @@ and the report of bench/hw_measure.py (the bench measured on a chip)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,20 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import ROOT, bench_script
 
 from pallasopt.harness import timing
 from pallasopt.workload import load_source
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _hw_measure() -> Any:
-    spec = importlib.util.spec_from_file_location("hw_measure", ROOT / "bench" / "hw_measure.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["hw_measure"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_time_batched_batches_short_calls_and_not_long_ones() -> None:
@@ -73,7 +61,7 @@ def _record(i: str, t: float, x: float, ok: bool = True, err: float = 0.0, x_ok:
 
 
 def test_hw_report_counts_against_xla_merges_runs_and_holds_kernels_to_xlas_precision(tmp_path: Path) -> None:
-    hw = _hw_measure()
+    hw = bench_script("hw_measure")
     entries = []
     for k, recipe in (("a", ["tile{call=0}"]), ("b", ["tile{call=0}"]), ("c", ["tile{call=0}"]), ("d", [])):
         tiers = {"compiler": 1.0, "model": 1.0, "xla_compiler": 1.0}
@@ -111,14 +99,14 @@ def test_hw_report_counts_against_xla_merges_runs_and_holds_kernels_to_xlas_prec
 
 
 def test_spearman_of_hw_measure() -> None:
-    hw = _hw_measure()
+    hw = bench_script("hw_measure")
     assert hw.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert hw.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert math.isnan(hw.spearman([1, 2], [1, 2]))
 
 
 def test_hw_time_skips_what_earlier_runs_timed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    hw = _hw_measure()
+    hw = bench_script("hw_measure")
     entries = [{"id": i, "group": "bench", "kernel": i, "kernel_path": "x.py", "file": "x"} for i in ("a", "b", "c")]
     (tmp_path / "manifest.json").write_text(json.dumps({"entries": entries}))
     out, earlier = tmp_path / "out.jsonl", tmp_path / "earlier.jsonl"
@@ -129,18 +117,10 @@ def test_hw_time_skips_what_earlier_runs_timed(tmp_path: Path, capsys: pytest.Ca
     assert out.read_text().count("\n") == 1
 
 
-def _bandwidth_fit() -> Any:
-    spec = importlib.util.spec_from_file_location("hw_bandwidth_fit", ROOT / "bench" / "hw_bandwidth_fit.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_bandwidth_fit_recovers_the_efficiency_behind_synthetic_chip_times() -> None:
     """Chip times made as max(static, floor / 0.6), one in four 10% off: the fit (training kernels only) finds 0.6, and
     the validation error at the fitted value is below the error at eff = 1."""
-    fit = _bandwidth_fit()
+    fit = bench_script("hw_bandwidth_fit")
     pts = []
     for i in range(16):
         static, floor = 1e-3 * (1 + i % 5), 1e-3 * (0.5 + 0.4 * i)
@@ -154,7 +134,7 @@ def test_the_bandwidth_fit_recovers_the_efficiency_behind_synthetic_chip_times()
 
 
 def test_the_bandwidth_fit_scores_the_model_on_the_same_split() -> None:
-    fit = _bandwidth_fit()
+    fit = bench_script("hw_bandwidth_fit")
     report = {
         "rows": [{"kernel": f"k{i}", "baseline": {"median_s": 2e-3}, "best": {"median_s": 1e-3}} for i in range(4)]
     }
@@ -175,7 +155,7 @@ def test_the_joint_fit_recovers_a_p_norm_behind_synthetic_chip_times() -> None:
     """Chip times made as (S^4 + (F / 0.8)^4)^(1/4): the joint fit on the training kernels finds p = 4 and eff near
     0.8; it beats max on held-out points and orders their close pairs as the chip does, where max (at its own eff)
     ties floor-bound variants that differ in their static part."""
-    fit = _bandwidth_fit()
+    fit = bench_script("hw_bandwidth_fit")
 
     def chip(s: float, f: float) -> float:
         return float((s**4 + (f / 0.8) ** 4) ** 0.25)
@@ -192,7 +172,7 @@ def test_the_joint_fit_recovers_a_p_norm_behind_synthetic_chip_times() -> None:
 
 
 def test_hw_compare_puts_two_chip_runs_best_recipes_side_by_side(tmp_path: Path) -> None:
-    hw = _hw_measure()
+    hw = bench_script("hw_measure")
     for run, recipes in (("old", {"a": "tile{call=0,bm=256}", "b": "tile{call=0}"}),
                          ("new", {"a": "tile{call=0,bm=512}", "b": "tile{call=0}"})):  # fmt: skip
         d = tmp_path / run
@@ -219,7 +199,7 @@ def test_hw_current_joins_chip_records_to_a_bench_run_by_exact_source(tmp_path: 
     """`hw_measure.py current`: a recipe's chip figure is one timed on that exact source (sha1), from any earlier run;
     a recipe whose source no run timed is not timed, whatever its text; a record that fails on the chip (and not
     as XLA's own default-precision result does) never counts."""
-    hw = _hw_measure()
+    hw = bench_script("hw_measure")
     naive = (ROOT / "examples" / "matmul.py").read_text()
     tiled = hw._apply(ROOT / "examples" / "matmul.py", ["tile{call=0,bm=256}"])
     other = hw._apply(ROOT / "examples" / "matmul.py", ["tile{call=0,bm=512}"])
@@ -254,7 +234,7 @@ def test_hw_time_says_when_the_reference_cannot_run_at_highest_precision(tmp_pat
     """On the TPU jax.lax.ragged_dot's own Mosaic kernel refuses `highest` precision on bf16 ("Bad lhs type"): the
     kernel was reported as failing on the chip before anything of it ran. Now it is timed, compared with XLA's
     default-precision outputs, and every record says so."""
-    hw = _hw_measure()
+    hw = bench_script("hw_measure")
     module = tmp_path / "k.py"
     module.write_text(
         "import jax\nimport jax.numpy as jnp\nfrom jax._src import config\nfrom jax.experimental import pallas as pl\n\n"
