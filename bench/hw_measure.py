@@ -106,7 +106,7 @@ def prepare(bench: Path | None, fidelity: Path | None, out: Path, probe: Path | 
             entry = {"group": "fidelity", "kernel": row["kernel"], "kernel_path": row["kernel"], "variant": spec}
             add({**entry, "id": f"fid{i:03d}", "label": row["label"], "tiers": tiers}, ir.source)
     if probe is not None:  # {"kernel": [recipe, ...]}: variants to time beside each other (group "probe")
-        for k, recipes in json.loads(probe.read_text())["kernels"].items():
+        for k, recipes in json.loads(probe.read_text()).get("kernels", {}).items():
             path = ROOT / "bench" / "kernels" / f"{k}.py"
             for i, recipe in enumerate(recipes):
                 try:
@@ -116,6 +116,16 @@ def prepare(bench: Path | None, fidelity: Path | None, out: Path, probe: Path | 
                     continue
                 entry = {"group": "probe", "kernel": k, "kernel_path": str(path.relative_to(ROOT)), "variant": recipe}
                 add({**entry, "id": f"{k}__p{i}", "recipe": recipe.split("|"), "tiers": {}}, source)
+        # {"files": {kernel: [path, ...]}}: hand-written variants (a rewrite no pass makes yet), paths relative to the
+        # probe file; each is timed against the kernel's reference like a recipe's source (no recipe: it replays
+        # from the file only).
+        data = json.loads(probe.read_text())
+        for k, files in data.get("files", {}).items():
+            path = ROOT / "bench" / "kernels" / f"{k}.py"
+            for f in map(Path, files):
+                source = (probe.parent / f).read_text()
+                entry = {"group": "probe", "kernel": k, "kernel_path": str(path.relative_to(ROOT)), "variant": f"file {f}"}
+                add({**entry, "id": f"{k}__{f.stem}", "recipe": [], "hand": str(f), "tiers": {}}, source)
     manifest = {"bench": str(bench) if bench else None, "fidelity": str(fidelity) if fidelity else None}
     (out / "manifest.json").write_text(json.dumps({**manifest, "entries": entries}, indent=1))
     print(f"{len(entries)} variants in {out}")
@@ -612,7 +622,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("prepare")
     p.add_argument("--bench", type=Path)
     p.add_argument("--fidelity", type=Path)
-    p.add_argument("--probe", type=Path, help='{"kernels": {kernel: [recipe, ...]}}, passes split by "|"')
+    p.add_argument("--probe", type=Path, help='{"kernels": {kernel: [recipe, ...]}, "files": {kernel: [variant.py, ...]}}: recipes (passes split by "|"), '
+        "hand-written variants (paths relative to the probe file)",
+    )
     p.add_argument("--out", type=Path, required=True)
     t = sub.add_parser("time")
     t.add_argument("run_dir", type=Path)

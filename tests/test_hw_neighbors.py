@@ -51,3 +51,18 @@ def test_a_probe_recipe_of_nothing_is_the_naive_kernel(tmp_path: Path) -> None:
     assert [e["id"] for e in entries] == ["fused_30_avgpool_linear__p0", "fused_30_avgpool_linear__p1"]
     assert (tmp_path / "run" / entries[0]["file"]).read_text() == naive
     assert entries[0]["sha1"] == hashlib.sha1(naive.encode()).hexdigest()
+
+
+def test_a_probe_times_hand_written_variants_beside_the_recipes(tmp_path: Path) -> None:
+    hw = bench_script("hw_measure")
+    (tmp_path / "v").mkdir()
+    hand = "# a rewrite no pass makes yet\n" + (ROOT / "bench" / "kernels" / "fused_30_avgpool_linear.py").read_text()
+    (tmp_path / "v" / "fused.py").write_text(hand)
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"kernels": {}, "files": {"fused_30_avgpool_linear": ["v/fused.py"]}}))
+    assert hw.prepare(None, None, tmp_path / "run", probe) == 0
+    (entry,) = json.loads((tmp_path / "run" / "manifest.json").read_text())["entries"]
+    assert entry["id"] == "fused_30_avgpool_linear__fused" and entry["recipe"] == [] and entry["hand"] == "v/fused.py"
+    assert entry["kernel_path"] == "bench/kernels/fused_30_avgpool_linear.py"  # its reference and inputs
+    assert (tmp_path / "run" / entry["file"]).read_text() == hand
+    assert entry["sha1"] == hashlib.sha1(hand.encode()).hexdigest()
