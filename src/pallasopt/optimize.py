@@ -125,6 +125,20 @@ class Result:
         }
 
 
+def _kernels_alone_notes(baseline: TierResult | None) -> tuple[str, ...]:
+    """A line saying the compiler tier's times cover the pallas_calls' schedule and the wrapper's XLA work at its
+    floor, where libtpu could not profile the whole entry (`search.tiers.kernels_alone_reason`)."""
+    data = baseline.data if baseline is not None else {}
+    if not data.get("kernels_alone"):
+        return ()
+    ops = ", ".join(sorted(set(data.get("xla_rest_ops") or ()))) or "none"
+    return (
+        f"compiler tier: the pallas_calls' static schedule alone ({data['kernels_alone']}); the wrapper's other XLA "
+        f"ops ({ops}) are priced per op (FLOPs at the matmul peak or bytes at the HBM bandwidth), {float(data.get('xla_rest_s') or 0) * 1e3:.3f} ms, in every "
+        "time of this tier",
+    )
+
+
 def select_passes(names: Sequence[str], hardware: bool = False) -> tuple[type[Pass], ...]:
     """The passes a search runs: `names`, or by default every pass the search can rank; passes whose gain only a
     measurement shows (`search_needs_hardware`) join the default set only when `hardware` (the target chip is
@@ -457,7 +471,7 @@ def _finish(
         budget=Budget(config.budget_seconds, outcome.wall_s, outcome.spend, final_s),
         strategy=outcome.strategy,
         nodes=tuple(node_summary(n, tier) for n in outcome.nodes.values()),
-        notes=gate_notes,
+        notes=(*gate_notes, *_kernels_alone_notes(outcome.baseline.results.get("compiler"))),
     )
 
 

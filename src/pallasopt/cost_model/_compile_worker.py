@@ -2,7 +2,8 @@
 
 Protocol: one JSON request on stdin, one JSON reply on stdout (nothing else is written there: fd 1 is pointed at
 stderr while JAX and libtpu run). Request keys: ``module_file`` (the source, written to a temp file by the
-parent), ``path`` (the user's path, for messages), ``entry``, ``dims``, ``topology``. Reply: ``ok``, ``stage``
+parent), ``path`` (the user's path, for messages), ``entry``, ``dims``, ``topology``, optionally ``kernels_only``
+(compile only the entry's pallas_calls, `kernels_alone`). Reply: ``ok``, ``stage``
 (where it failed: import, entry, inputs, trace, lower, compile), ``error``, ``error_type``, ``ops`` (one dict
 per HLO instruction of the entry computation and called computations that carries a backend config: ``name``,
 ``opcode``, ``target`` (custom-call target or ""), ``scoped_vmem`` and ``bundle_cycles``), ``cost_analysis``,
@@ -101,6 +102,35 @@ def _load(request: dict[str, Any]) -> Any:
         raise _UserModuleError(str(e)) from None
 
 
+def kernels_alone(closed: Any, sharding: Any) -> Any:
+    """A jitted program of only the `pallas_call`s of a traced entry (`closed`, its ClosedJaxpr), each on inputs of
+    its own operands' shapes, traced for `sharding`: what the compiler tier profiles when libtpu's static profile of
+    the whole entry fails on the wrapper's XLA ops (or takes too long on them). Literal operands stay literals."""
+    import jax
+    from jax.extend.core import Literal
+
+    from pallasopt.ir.trace import find_pallas_call_chains
+
+    eqns = [chain[-1] for chain in find_pallas_call_chains(closed.jaxpr)]
+    if not eqns:
+        raise ValueError("the entry's trace has no pallas_call")
+    structs = [
+        jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, sharding=sharding)
+        for eqn in eqns
+        for v in eqn.invars
+        if not isinstance(v, Literal)
+    ]
+
+    def only(*flat: Any) -> list[Any]:
+        it, outs = iter(flat), []
+        for eqn in eqns:
+            args = [v.val if isinstance(v, Literal) else next(it) for v in eqn.invars]
+            outs.extend(eqn.primitive.bind(*args, **eqn.params))
+        return outs
+
+    return jax.jit(only, out_shardings=sharding).trace(*structs)
+
+
 class _UserModuleError(Exception):
     """The user's module failed to import; the message already names the file and line."""
 
@@ -144,6 +174,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         return _fail("inputs", exc, t0, request)
     try:
         traced = jax.jit(fn, out_shardings=sharding).trace(*args)
+        if request.get("kernels_only"):
+            traced = kernels_alone(traced.jaxpr, sharding)
     except BaseException as exc:
         return _fail("trace", exc, t0, request)
     try:

@@ -228,6 +228,10 @@ def _run_child(request: dict[str, Any], env: dict[str, str], timeout_s: float) -
     return reply, err, worker_code(proc.returncode)
 
 
+# The note of a report whose entry compiled but whose static profile killed libtpu (on one of the entry's ops).
+PROFILE_CRASHED = "no cycle estimate: the static profile crashed libtpu"
+
+
 def compile_module(
     source: str,
     path: str,
@@ -240,6 +244,7 @@ def compile_module(
     timeout_s: float = 120,
     dump_profile: bool = True,
     pool: CompilePool | None = None,
+    kernels_only: bool = False,
 ) -> CompileReport:
     """Compile `entry` of a kernel module for one device of `target`'s TPU topology, without a TPU.
 
@@ -260,6 +265,8 @@ def compile_module(
 
     `pool`: compile in one of its warm workers instead of a fresh child (same report; `compile_s` is then what
     this call waited). The retry without the profile after libtpu crashed on it always runs in a fresh child.
+    `kernels_only`: compile a program of the entry's pallas_calls alone, each on its own operands' shapes, none of
+    the wrapper's XLA ops (`_compile_worker.kernels_alone`).
     """
     chip = get_chip(target)
     t0 = time.perf_counter()
@@ -287,6 +294,7 @@ def compile_module(
             "entry": entry,
             "dims": dict(dims),
             "topology": chip.topology,
+            **({"kernels_only": True} if kernels_only else {}),
         }
         if pool is not None:
             reply, stderr, rc, profiles = pool.compile(request, profile, timeout_s)
@@ -298,7 +306,7 @@ def compile_module(
             note = f"no cycle estimate: libtpu's static profile fails on {chip.name}"
         elif profile and rc is not None and reply is None:
             # libtpu died with the profile on (an abort, or killed for memory); the kernel itself may compile.
-            note = f"no cycle estimate: the static profile crashed libtpu ({_crash_message(stderr, rc)})"
+            note = f"{PROFILE_CRASHED} ({_crash_message(stderr, rc)})"
             remaining = timeout_s - (time.perf_counter() - t0)
             if remaining < 1:
                 return report(ok=False, error=_crash_message(stderr, rc), error_kind="crash")

@@ -7,6 +7,10 @@ The pallas_call roofline (roofline.py) sees only the calls; a rewrite that moves
 transposing an operand once instead of in every grid step) must pay for it here, or the search would see a free
 lunch. Time = bytes read + written / HBM bandwidth, the figure XLA's own cost analysis gives for such ops on TPU
 (FACTS.md: `optimal_seconds` of XLA ops is bytes / (0.9 x 820 GB/s) on v5e; we use the chip table's bandwidth).
+
+The wrapper's other XLA ops (a matmul, a convolution, a reduction or a window done in plain JAX around the calls)
+are libtpu's to schedule with the entry; where its profile cannot (`search/tiers.kernels_alone_reason`) `xla_rest`
+prices them by their FLOPs and bytes.
 """
 
 from __future__ import annotations
@@ -197,3 +201,81 @@ def wrapper_cost(ir: KernelIR) -> WrapperCost:
 
         _CACHE[ir.digest] = wrapper_cost_of_jaxpr(live_jaxpr(trace_entry(ir.workload)).jaxpr)
     return _CACHE[ir.digest]
+
+
+# Wrapper ops that are neither data movement nor elementwise, nor free (shape bookkeeping): XLA runs each as its own
+# kernel (a contraction, a reduction, a window, a gather). `wrapper_cost` leaves them out (libtpu's profile of the
+# entry schedules them); `xla_rest` prices them where that profile is missing.
+BOOKKEEPING = frozenset(
+    {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "iota", "slice", "dynamic_slice", "split", "pallas_call"}
+)
+
+
+@dataclass(frozen=True)
+class XlaRest:
+    """The wrapper's other XLA ops (`xla_rest`): their FLOPs (2 per multiply-add of a contraction), HBM bytes
+    (operands, each array once, and results) and names."""
+
+    flops: float
+    bytes: int
+    ops: tuple[str, ...]
+
+    def seconds(self, chip: Chip, dtype: Any = "bfloat16") -> float:
+        """Their time on `chip`: FLOPs at the matmul peak for `dtype` or bytes at the delivered bandwidth,
+        whichever is longer (per op; XLA's fusions can move fewer bytes)."""
+        return max(self.flops / chip.device_peak_flops(dtype), self.bytes / chip.delivered_hbm_bw_bytes_s)
+
+
+def _contraction_flops(eqn: Any) -> float:
+    name = eqn.primitive.name
+    out = math.prod(getattr(eqn.outvars[0].aval, "shape", ()) or (1,))
+    if name == "dot_general":
+        (lc, _), _ = eqn.params["dimension_numbers"]
+        lhs = eqn.invars[0].aval.shape
+        return 2.0 * out * math.prod(lhs[d] for d in lc)
+    if name == "conv_general_dilated":
+        rhs = eqn.invars[1].aval.shape
+        spec = eqn.params["dimension_numbers"]
+        o_dim = spec.rhs_spec[0] if spec is not None else 0
+        # every output element: one multiply-add per kernel element of its group (input features x window)
+        return 2.0 * out * math.prod(rhs) / rhs[o_dim]
+    return 0.0
+
+
+def xla_rest_of_jaxpr(jaxpr: Any) -> XlaRest:
+    """The wrapper's XLA ops `wrapper_cost_of_jaxpr` does not count, in nested jit/custom_vjp bodies too. An array
+    several of them read counts once (XLA fuses a layer norm's two reductions of one input into one pass)."""
+    flops, nbytes, ops = 0.0, 0, list[str]()
+    read: set[int] = set()
+    for eqn in jaxpr.eqns:
+        subs = inner_jaxprs(eqn)
+        if subs:
+            for sub in subs:
+                inner = xla_rest_of_jaxpr(sub)
+                flops, nbytes, ops = flops + inner.flops, nbytes + inner.bytes, [*ops, *inner.ops]
+            continue
+        name = eqn.primitive.name
+        if _elementwise(eqn) or _moves(eqn) or name in BOOKKEEPING:
+            continue
+        flops += _contraction_flops(eqn)
+        fresh = [v for v in eqn.invars if hasattr(v, "aval") and id(v) not in read]
+        read |= {id(v) for v in fresh}
+        nbytes += sum(_nbytes(v.aval) for v in (*fresh, *eqn.outvars))
+        ops.append(name)
+    return XlaRest(flops, nbytes, tuple(ops))
+
+
+def xla_rest(ir: KernelIR) -> XlaRest:
+    """`xla_rest_of_jaxpr` of a loaded kernel module's live entry (zero when it is not loaded in this process);
+    cached by source digest."""
+    if ir.workload is None:
+        return XlaRest(0.0, 0, ())
+    if ir.digest not in _REST:
+        from ..ir.body import live_jaxpr
+        from ..ir.trace import trace_entry
+
+        _REST[ir.digest] = xla_rest_of_jaxpr(live_jaxpr(trace_entry(ir.workload)).jaxpr)
+    return _REST[ir.digest]
+
+
+_REST: dict[str, XlaRest] = {}

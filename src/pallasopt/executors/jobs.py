@@ -40,9 +40,11 @@ def compile_job(
     timeout_s: float,
     call_scales: Sequence[float] = (),
     profile: bool = True,
+    kernels_only: bool = False,
 ) -> Job:
     """A deviceless compile of `entry` at `dims`; `profile=False` skips libtpu's static cycle profile (a verdict on
-    lowering and VMEM only, in seconds even at a module's full size)."""
+    lowering and VMEM only, in seconds even at a module's full size); `kernels_only` compiles its pallas_calls alone
+    (`compiler.compile_module`)."""
     kwargs = {
         "source": source,
         "path": path,
@@ -53,6 +55,7 @@ def compile_job(
         "call_scales": tuple(call_scales),
         "timeout_s": timeout_s,
         "dump_profile": profile,
+        **({"kernels_only": True} if kernels_only else {}),
     }
     return Job("compile", compiler.compile_module, kwargs, timeout_s, _CompileLost(target, steps_scale), CPU_JOB)
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from ..cost_model.hardware import Chip
 from ..cost_model.roofline import Estimate, estimate_calls
-from ..cost_model.wrapper import wrapper_cost
+from ..cost_model.wrapper import wrapper_cost, xla_rest
 from ..executors import Executor
 from ..ir.kernel_ir import KernelIR
 
@@ -253,6 +253,23 @@ def roofline_floor(ir: KernelIR, chip: Chip) -> float:
     return max(flops / chip.device_peak_flops(dtypes[0]), compulsory / chip.device_hbm_bw_bytes_s)
 
 
+def kernels_alone_reason(ir: KernelIR, rep: Any, timeout_s: float) -> str | None:
+    """Why the compiler tier should profile `ir`'s pallas_calls without the wrapper's XLA ops, given the whole
+    entry's compile report `rep` (None: it should not). libtpu's static profile crashes on some XLA ops (a JAXBench
+    kernel's `reduce_window` max-pool: "Unsupported llo instruction") and takes minutes on big ones (a 137 GFLOP XLA
+    matmul the kernel only adds a norm to); either way the kernels would get no compiler tier at all."""
+    from ..cost_model.compiler import PROFILE_CRASHED
+
+    if rep.ok and rep.estimated_s is None and (rep.note or "").startswith(PROFILE_CRASHED):
+        return "the whole entry's profile crashed libtpu"
+    if not rep.ok and rep.error_kind == "timeout":
+        rest = xla_rest(ir)
+        if rest.ops:
+            ops = ", ".join(sorted(set(rest.ops)))
+            return f"the whole entry's compile with the profile ran past {timeout_s:.0f} s; its wrapper runs XLA {ops}"
+    return None
+
+
 def compile_floor(ir: KernelIR, chip: Chip, model: Estimate | None = None) -> float:
     """The compiler tier's floor: its DMA and edge HBM traffic at the bandwidth the tier's fit says the chip delivers
     (`Chip.floor_chip`) plus the wrapper's. The static schedule does not model HBM bandwidth (FACTS.md), so the tier
@@ -283,6 +300,8 @@ class Tiers:
         self.compile_timeout_s = compile_timeout_s
         self.compiler_off = _compiler_off(use_compiler, chip)
         self.use_compiler = self.compiler_off is None
+        # (module path, the wrapper's other XLA ops) -> why its whole entry could not be profiled (`compiler`)
+        self._kernels_alone: dict[tuple[str, tuple[str, ...]], str] = {}
 
     def unavailable(self, tier: str) -> str | None:
         """Why `tier` is not available here (None: it is)."""
@@ -341,7 +360,9 @@ class Tiers:
         if deadline is not None:
             timeout = min(timeout, max(MIN_COMPILE_S, deadline - time.perf_counter()))
 
-        def compile_at(dims: Mapping[str, int], scale: float, call_scales: tuple[float, ...]) -> Any:
+        def compile_at(
+            dims: Mapping[str, int], scale: float, call_scales: tuple[float, ...], kernels_only: bool = False
+        ) -> Any:
             job = compile_job(
                 ir.source,
                 ir.path,
@@ -351,13 +372,16 @@ class Tiers:
                 steps_scale=scale,
                 call_scales=call_scales,
                 timeout_s=timeout,
+                kernels_only=kernels_only,
             )
             return self.executor.run(job)
 
         model = estimate_calls(ir.calls, self.chip)
         reduced = compile_dims(ir, compile_steps_cap(ir), [c.time_s for c in model.calls])
         dims, scale = reduced.dims, reduced.scale
-        rep = compile_at(dims, scale, reduced.call_scales)
+        # A wrapper whose profile failed for an earlier candidate of this module fails again: go to its kernels.
+        known = self._kernels_alone.get((ir.path, xla_rest(ir).ops)) if self._kernels_alone else None
+        rep = compile_at(dims, scale, reduced.call_scales, kernels_only=known is not None)
         if not rep.ok and rep.error_kind == "timeout" and timeout < self.compile_timeout_s:
             msg = f"stopped at the search budget after {timeout:.0f} s (not a verdict on the kernel)"
             return TierResult("compiler", False, None, msg, {"dims": dims, "budget_cut": True})
@@ -365,8 +389,20 @@ class Tiers:
             # The reduced dims can break a module's own invariants (e.g. query heads < KV heads): compile the real
             # size instead (slower with the profile, but the answer is for the size the user asked about).
             dims, scale = dict(ir.dims), 1.0
-            rep = compile_at(dims, scale, ())
+            rep = compile_at(dims, scale, (), kernels_only=known is not None)
+        alone = None if known is None else f"{known}, for an earlier candidate of this module"
+        if known is None and (alone := kernels_alone_reason(ir, rep, timeout)) is not None:
+            # libtpu's profile failed on the wrapper's XLA ops: profile the pallas_calls alone, price the rest below
+            rep_k = compile_at(dims, scale, reduced.call_scales if scale == reduced.scale else (), kernels_only=True)
+            if rep_k.ok:
+                self._kernels_alone[(ir.path, xla_rest(ir).ops)] = alone
+            if rep_k.ok or not rep.ok:  # a failure of the kernels alone is a verdict only where the entry had none
+                rep = rep_k
+            else:
+                alone = None
         data = {"dims": dims, "steps_scale": scale, "report": _report_dict(rep), "error_kind": rep.error_kind or ""}
+        if alone is not None:
+            data = {**data, "kernels_alone": alone}
         if not rep.ok:
             return TierResult("compiler", False, None, f"{rep.error_kind}: {rep.error}", data)
         hbm_floor = compile_floor(ir, self.chip, model)
@@ -391,12 +427,22 @@ class Tiers:
         # the max join too: what the trust rules' thresholds were measured on (`search/trust.py`, `ranking`)
         data = {**data, "max_join_s": max(static, hbm_floor)}
         bound = "static schedule" if static >= hbm_floor else "HBM floor"
+        message = f"{bound}: static {static * 1e3:.3f} ms, HBM floor {hbm_floor * 1e3:.3f} ms"
+        if alone is not None:
+            # libtpu did not schedule the wrapper's contractions, reductions and windows: each priced by its work
+            rest = xla_rest(ir)
+            rest_s = rest.seconds(self.chip.floor_chip)
+            t += rest_s
+            data = {**data, "xla_rest_s": rest_s, "xla_rest_ops": list(rest.ops)}
+            ops = ", ".join(sorted(set(rest.ops))) or "none"
+            message += (
+                f"; the pallas_calls' static schedule alone ({alone}), plus the wrapper's other XLA ops ({ops}) at "
+                f"max(FLOPs / peak, bytes / bandwidth) per op, {rest_s * 1e3:.3f} ms"
+            )
         floor = roofline_floor(ir, self.chip)
         if t < SUSPICIOUS * floor:
             data = {**data, "below_floor": True, "floor_s": floor}
-        return TierResult(
-            "compiler", True, t, f"{bound}: static {static * 1e3:.3f} ms, HBM floor {hbm_floor * 1e3:.3f} ms", data
-        )
+        return TierResult("compiler", True, t, message, data)
 
     def target_compile(self, ir: KernelIR) -> TierResult | None:
         """Whether the module compiles for the target at its default dims (lowering and VMEM, no cycle profile): the
