@@ -30,6 +30,7 @@ from .sigmoid_tanh import SigmoidTanhPass
 from .single_buffer import SingleBufferPass
 from .skip_masked_blocks import SkipMaskedBlocksPass
 from .skip_masked_chunks import SkipMaskedChunksPass
+from .skip_masked_groups import SkipMaskedGroupsPass
 from .stage_masked import StageMaskedPass
 from .stream_chunks import StreamChunksPass
 from .tile import TilePass
@@ -48,6 +49,7 @@ PASSES: tuple[type[Pass], ...] = (
     PipelinePass,
     SkipMaskedBlocksPass,
     SkipMaskedChunksPass,
+    SkipMaskedGroupsPass,
     StageMaskedPass,
     StreamChunksPass,
     OnlineSoftmaxPass,
