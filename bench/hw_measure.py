@@ -11,6 +11,8 @@ the tile configurations of the fidelity sweep, so the model and compiler tiers c
     python bench/hw_measure.py report .hw/run hw.jsonl [...] --md bench/results/hw-....md --json bench/results/hw-....json
     # any time, no chip: a bench run's recipes on the chip, from every earlier chip run that timed the same source
     python bench/hw_measure.py current bench/results/v5e-....json --runs bench/results/hw-chip-runs.json [--md ...]
+    # any time, no chip: per kernel the fastest recipe any chip run timed (that still replays), and hand variants
+    python bench/hw_measure.py best bench/results/v5e-....json --runs bench/results/hw-chip-runs.json [--md ...]
 
 Timing (tier [H]): each function is jitted, compiled and run once, then timed by the hardware tier's own
 `pallasopt.harness.timing.time_batched`: batches of back-to-back calls with one `block_until_ready` per batch (so
@@ -124,7 +126,12 @@ def prepare(bench: Path | None, fidelity: Path | None, out: Path, probe: Path | 
             path = ROOT / "bench" / "kernels" / f"{k}.py"
             for f in map(Path, files):
                 source = (probe.parent / f).read_text()
-                entry = {"group": "probe", "kernel": k, "kernel_path": str(path.relative_to(ROOT)), "variant": f"file {f}"}
+                entry = {
+                    "group": "probe",
+                    "kernel": k,
+                    "kernel_path": str(path.relative_to(ROOT)),
+                    "variant": f"file {f}",
+                }
                 add({**entry, "id": f"{k}__{f.stem}", "recipe": [], "hand": str(f), "tiers": {}}, source)
     manifest = {"bench": str(bench) if bench else None, "fidelity": str(fidelity) if fidelity else None}
     (out / "manifest.json").write_text(json.dumps({**manifest, "entries": entries}, indent=1))
@@ -436,6 +443,86 @@ def current(bench: Path, runs_file: Path, md: Path | None, out_json: Path | None
     return 0
 
 
+def chip_variants(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every chip-timed source of `runs` by its sha1: its kernel, how it was made (the recipe, or the hand-written
+    file of a probe) and its records (as `chip_records`)."""
+    records = chip_records(runs)
+    out: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        for e in json.loads((ROOT / run["manifest"]).read_text())["entries"]:
+            if e.get("sha1") in records and e["sha1"] not in out:
+                how = {"hand": e["hand"]} if e.get("hand") else {"recipe": list(e.get("recipe") or [])}
+                out[e["sha1"]] = {"kernel": e["kernel"], **how, "records": records[e["sha1"]]}
+    return out
+
+
+def best_rows(bench: dict[str, Any], variants: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per kernel of `bench`, its fastest source on the chip among every recipe of pallasopt's passes timed there
+    (median of its usable records, `_usable`) that still replays to that source from today's kernel file, and the
+    fastest hand-written variant beside it, each with XLA's median time from the same records."""
+    rows = []
+    for row in bench["rows"]:
+        k, path = row["kernel"], ROOT / row["path"]
+        best: dict[str, Any] = {}
+        for sha, v in variants.items():
+            usable = [r for r in v["records"] if _usable(r) and (r.get("xla") or {}).get("median_s")]
+            if v["kernel"] != k or not usable:
+                continue
+            kind = "hand" if "hand" in v else "recipe"
+            if kind == "recipe":
+                try:
+                    if source_sha1(_apply(path, v["recipe"])) != sha:
+                        continue  # the kernel file or a pass changed since: not today's recipe
+                except Exception:
+                    continue
+            t = statistics.median(r["median_s"] for r in usable)
+            x = statistics.median(r["xla"]["median_s"] for r in usable)
+            if kind not in best or t < best[kind]["best_h"]:
+                best[kind] = {"best_h": t, "xla_h": x, "vs_xla_h": x / t, "how": v.get("hand") or v["recipe"]}
+        if best:
+            rows.append({"kernel": k, **{kind: best.get(kind) for kind in ("recipe", "hand")}})
+    return rows
+
+
+def best(bench: Path, runs_file: Path, md: Path | None, out_json: Path | None) -> int:
+    data = json.loads(bench.read_text())
+    runs = json.loads(runs_file.read_text())["runs"]
+    rows = best_rows(data, chip_variants(runs))
+    vs = [r["recipe"]["vs_xla_h"] for r in rows if r["recipe"]]
+    summary = {
+        "bench": str(bench), "runs": str(runs_file), "kernels": len(data["rows"]), "timed": len(vs),
+        "slower_than_xla_h": sum(1 for v in vs if v < 1), "slower_by_2pct_h": sum(1 for v in vs if v < 0.98),
+        "geomean_vs_xla_h": _geomean(vs),
+    }  # fmt: skip
+    lines = [
+        f"# The fastest recipe of each kernel of `{bench.name}` timed on a TPU v5e [H]",
+        "",
+        f"Of every source the runs in `{runs_file.name}` timed on the chip, per kernel the fastest that a recipe of "
+        "pallasopt's passes still replays to from today's kernel file (not the bench's pick: the chip chose among "
+        f"what it timed): {summary['timed']}/{summary['kernels']} kernels; against XLA timed beside them, slower on "
+        f"**{summary['slower_than_xla_h']}/{summary['timed']}** ({summary['slower_by_2pct_h']} by more than 2%), "
+        f"geomean {_x(summary['geomean_vs_xla_h'])}. Hand-written variants (probes for passes not yet written) are "
+        "listed beside them and not counted.",
+        "",
+        "| kernel | fastest recipe [H] ms | XLA [H] ms | vs XLA [H] | recipe | fastest hand variant [H] ms | vs XLA |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        a, h = r["recipe"] or {}, r["hand"] or {}
+        how = ",".join(a.get("how") or []) or "(naive)"
+        lines.append(
+            f"| `{r['kernel']}` | {_ms(a.get('best_h'))} | {_ms(a.get('xla_h'))} | {_x(a.get('vs_xla_h'))} | "
+            f"`{how if a else '-'}` | {_ms(h.get('best_h'))} {'`' + h['how'] + '`' if h else ''} | {_x(h.get('vs_xla_h'))} |"
+        )
+    text = "\n".join(lines) + "\n"
+    if md:
+        md.write_text(text)
+    if out_json:
+        out_json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    print(text)
+    return 0
+
+
 def _as_xla(r: dict[str, Any]) -> bool:
     """The variant misses the module's tolerance against the exact reference, but XLA's own result at its default
     matmul precision misses it too, by as much or more (within 1.5x of its error): the chip's default-precision
@@ -622,7 +709,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("prepare")
     p.add_argument("--bench", type=Path)
     p.add_argument("--fidelity", type=Path)
-    p.add_argument("--probe", type=Path, help='{"kernels": {kernel: [recipe, ...]}, "files": {kernel: [variant.py, ...]}}: recipes (passes split by "|"), '
+    p.add_argument(
+        "--probe",
+        type=Path,
+        help='{"kernels": {kernel: [recipe, ...]}, "files": {kernel: [variant.py, ...]}}: recipes (passes split by "|"), '
         "hand-written variants (paths relative to the probe file)",
     )
     p.add_argument("--out", type=Path, required=True)
@@ -650,9 +740,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     cur.add_argument("--runs", type=Path, required=True, help='{"runs": [{"manifest": ..., "results": [...]}]}')
     cur.add_argument("--md", type=Path)
     cur.add_argument("--json", type=Path)
+    bst = sub.add_parser("best", help="each kernel's fastest recipe the chip timed, against XLA (earlier records)")
+    bst.add_argument("bench", type=Path)
+    bst.add_argument("--runs", type=Path, required=True, help='{"runs": [{"manifest": ..., "results": [...]}]}')
+    bst.add_argument("--md", type=Path)
+    bst.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     if a.cmd == "current":
         return current(a.bench, a.runs, a.md, a.json)
+    if a.cmd == "best":
+        return best(a.bench, a.runs, a.md, a.json)
     if a.cmd == "compare":
         return compare((a.old_dir, a.old_results), (a.new_dir, a.new_results), a.md)
     if a.cmd == "prepare":

@@ -6,6 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, bench_script
 
 from pallasopt.ir.kernel_ir import KernelIR
@@ -66,3 +67,42 @@ def test_a_probe_times_hand_written_variants_beside_the_recipes(tmp_path: Path) 
     assert entry["kernel_path"] == "bench/kernels/fused_30_avgpool_linear.py"  # its reference and inputs
     assert (tmp_path / "run" / entry["file"]).read_text() == hand
     assert entry["sha1"] == hashlib.sha1(hand.encode()).hexdigest()
+
+
+def test_best_takes_the_fastest_recipe_that_still_replays_and_lists_hand_variants_apart(tmp_path: Path) -> None:
+    hw = bench_script("hw_measure")
+    fast, slow, stale = RECIPE, RECIPE[:1], ["tile{call=0,bm=512}"]
+    hand = "# hand-written\n" + MATMUL.read_text()
+    sha = {k: hashlib.sha1(s.encode()).hexdigest() for k, s in (("fast", _source(fast)), ("slow", _source(slow)))}
+    entries = [
+        {"id": "a", "kernel": "matmul", "recipe": fast, "sha1": sha["fast"]},
+        {"id": "b", "kernel": "matmul", "recipe": slow, "sha1": sha["slow"]},
+        {"id": "c", "kernel": "matmul", "recipe": stale, "sha1": "0" * 40},  # no longer what the recipe makes
+        {
+            "id": "d",
+            "kernel": "matmul",
+            "recipe": [],
+            "hand": "v/h.py",
+            "sha1": hashlib.sha1(hand.encode()).hexdigest(),
+        },
+    ]
+    (tmp_path / "manifest.json").write_text(json.dumps({"entries": entries}))
+    xla = {"median_s": 2e-3, "ok": True}
+    times = {"a": 1.5e-3, "b": 2.5e-3, "c": 1e-3, "d": 1.2e-3}
+    (tmp_path / "hw.jsonl").write_text(
+        "".join(json.dumps({"id": i, "ok": True, "median_s": t, "xla": xla}) + "\n" for i, t in times.items())
+    )
+    runs = tmp_path / "runs.json"
+    runs.write_text(
+        json.dumps({"runs": [{"manifest": str(tmp_path / "manifest.json"), "results": [str(tmp_path / "hw.jsonl")]}]})
+    )
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"rows": [{"kernel": "matmul", "path": str(MATMUL.relative_to(ROOT))}]}))
+    out = tmp_path / "best.json"
+    assert hw.main(["best", str(bench), "--runs", str(runs), "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["recipe"]["how"] == fast and row["recipe"]["best_h"] == 1.5e-3  # not the stale 1.0 ms record
+    assert row["recipe"]["vs_xla_h"] == pytest.approx(2e-3 / 1.5e-3)
+    assert row["hand"]["how"] == "v/h.py" and row["hand"]["best_h"] == 1.2e-3
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["timed"] == 1 and summary["slower_than_xla_h"] == 0
