@@ -434,13 +434,7 @@ def current(bench: Path, runs_file: Path, md: Path | None, out_json: Path | None
             f"| `{r['kernel']}` | {_ms(r['best_h'])} | {_ms(r['xla_h'])} | {_x(r['vs_xla_h'])} | {tier} | "
             f"{_ms(r['naive_h'])} | {seen} | `{','.join(r['recipe']) or '(none)'}` |"
         )
-    text = "\n".join(lines) + "\n"
-    if md:
-        md.write_text(text)
-    if out_json:
-        out_json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
-    print(text)
-    return 0
+    return _emit(lines, summary, rows, md, out_json)
 
 
 def chip_variants(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -514,6 +508,13 @@ def best(bench: Path, runs_file: Path, md: Path | None, out_json: Path | None) -
             f"| `{r['kernel']}` | {_ms(a.get('best_h'))} | {_ms(a.get('xla_h'))} | {_x(a.get('vs_xla_h'))} | "
             f"`{how if a else '-'}` | {_ms(h.get('best_h'))} {'`' + h['how'] + '`' if h else ''} | {_x(h.get('vs_xla_h'))} |"
         )
+    return _emit(lines, summary, rows, md, out_json)
+
+
+def _emit(
+    lines: list[str], summary: dict[str, Any], rows: list[dict[str, Any]], md: Path | None, out_json: Path | None
+) -> int:
+    """Print a table's Markdown and write it (`md`) and its summary and rows (`out_json`) where asked."""
     text = "\n".join(lines) + "\n"
     if md:
         md.write_text(text)

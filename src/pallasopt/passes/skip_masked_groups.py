@@ -10,7 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
-from ..errors import check
+from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import fresh_name
 from ..ir.cst_edit import replace_many
 from ..ir.kernel_ir import KernelIR
@@ -78,7 +78,7 @@ class SkipMaskedGroupsPass(Pass):
             for i, loop in enumerate(fori_loops(kernel)):
                 try:
                     _update(loop_body_def(kernel, loop))
-                except Exception:
+                except (PassNotApplicable, KernelError):  # no masked update there (`apply` says why)
                     continue
                 out.append(cls(call=c.index, loop=i))
         return tuple(out)
