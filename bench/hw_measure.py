@@ -108,7 +108,8 @@ def prepare(bench: Path | None, fidelity: Path | None, out: Path, probe: Path | 
             entry = {"group": "fidelity", "kernel": row["kernel"], "kernel_path": row["kernel"], "variant": spec}
             add({**entry, "id": f"fid{i:03d}", "label": row["label"], "tiers": tiers}, ir.source)
     if probe is not None:  # {"kernel": [recipe, ...]}: variants to time beside each other (group "probe")
-        for k, recipes in json.loads(probe.read_text()).get("kernels", {}).items():
+        data = json.loads(probe.read_text())
+        for k, recipes in data.get("kernels", {}).items():
             path = ROOT / "bench" / "kernels" / f"{k}.py"
             for i, recipe in enumerate(recipes):
                 try:
@@ -121,7 +122,6 @@ def prepare(bench: Path | None, fidelity: Path | None, out: Path, probe: Path | 
         # {"files": {kernel: [path, ...]}}: hand-written variants (a rewrite no pass makes yet), paths relative to the
         # probe file; each is timed against the kernel's reference like a recipe's source (no recipe: it replays
         # from the file only).
-        data = json.loads(probe.read_text())
         for k, files in data.get("files", {}).items():
             path = ROOT / "bench" / "kernels" / f"{k}.py"
             for f in map(Path, files):

@@ -131,11 +131,12 @@ def _kernels_alone_notes(baseline: TierResult | None) -> tuple[str, ...]:
     data = baseline.data if baseline is not None else {}
     if not data.get("kernels_alone"):
         return ()
-    ops = ", ".join(sorted(set(data.get("xla_rest_ops") or ()))) or "none"
+    ops = ", ".join(data.get("xla_rest_ops") or ()) or "none"  # the distinct names (`XlaRest.kinds`)
+    rest_ms = float(data.get("xla_rest_s") or 0) * 1e3
     return (
         f"compiler tier: the pallas_calls' static schedule alone ({data['kernels_alone']}); the wrapper's other XLA "
-        f"ops ({ops}) are priced per op (FLOPs at the matmul peak or bytes at the HBM bandwidth), {float(data.get('xla_rest_s') or 0) * 1e3:.3f} ms, in every "
-        "time of this tier",
+        f"ops ({ops}) are priced per op (FLOPs at the matmul peak or bytes at the HBM bandwidth), {rest_ms:.3f} ms, "
+        "in every time of this tier",
     )
 
 

@@ -187,6 +187,7 @@ def wrapper_cost_of_jaxpr(jaxpr: Any) -> WrapperCost:
 
 
 _CACHE: dict[str, WrapperCost] = {}
+_REST: dict[str, XlaRest] = {}  # `xla_rest` by source digest
 
 
 def wrapper_cost(ir: KernelIR) -> WrapperCost:
@@ -219,6 +220,11 @@ class XlaRest:
     flops: float
     bytes: int
     ops: tuple[str, ...]
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The distinct op names, sorted (for messages)."""
+        return tuple(sorted(set(self.ops)))
 
     def seconds(self, chip: Chip, dtype: Any = "bfloat16") -> float:
         """Their time on `chip`: FLOPs at the matmul peak for `dtype` or bytes at the delivered bandwidth,
@@ -276,6 +282,3 @@ def xla_rest(ir: KernelIR) -> XlaRest:
 
         _REST[ir.digest] = xla_rest_of_jaxpr(live_jaxpr(trace_entry(ir.workload)).jaxpr)
     return _REST[ir.digest]
-
-
-_REST: dict[str, XlaRest] = {}

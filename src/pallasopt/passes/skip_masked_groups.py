@@ -95,7 +95,7 @@ class SkipMaskedGroupsPass(Pass):
         check(0 <= self.loop < len(loops), f"no loop #{self.loop}: the kernel has {len(loops)} fori_loop(s)")
         loop = loops[self.loop]
         body = loop_body_def(kernel, loop)
-        at, _, where = _update(body)
+        at, where = _update(body)
         stmts = statements(body)
         kernel_stmts = statements(kernel)
         kernel_env = Scope.of(kernel_stmts).env
@@ -132,8 +132,8 @@ class SkipMaskedGroupsPass(Pass):
         return ir.with_module(replace_many(loc.wrapper.module, {kernel: new_kernel}), self.spec())
 
 
-def _update(body: cst.FunctionDef) -> tuple[int, cst.AugAssign, cst.Call]:
-    """(index, statement, where-call) of the body's top-level `ref[...] += jnp.where(cond, part, 0)`."""
+def _update(body: cst.FunctionDef) -> tuple[int, cst.Call]:
+    """(index, where-call) of the body's top-level `ref[...] += jnp.where(cond, part, 0)`."""
     for i, stmt in enumerate(statements(body)):
         if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
             continue
@@ -147,7 +147,7 @@ def _update(body: cst.FunctionDef) -> tuple[int, cst.AugAssign, cst.Call]:
                     isinstance(fill, cst.Integer | cst.Float) and float(fill.value) == 0.0,
                     f"the mask's fill `{code(fill)}` is not 0: a skipped step would not add nothing",
                 )
-                return i, s, v
+                return i, v
     check(False, f"no `ref[...] += jnp.where(cond, x, 0)` in the top-level statements of `{body.name.value}`")
     raise AssertionError
 
@@ -243,17 +243,16 @@ def _scalar(expr: cst.BaseExpression, env: dict[str, cst.BaseExpression], depth:
 def _visible(base: str, before: list[cst.BaseStatement], kernel: cst.FunctionDef) -> bool:
     """Every name `base` reads is a kernel parameter, bound by a kernel statement in `before`, or not bound in the
     kernel at all (a module constant, a name the kernel's closure holds)."""
-    bound_before = set(Scope.of(before).bound)
-    local = set(Scope.of(statements(kernel)).bound) | {p.name.value for p in kernel.params.params}
-    names = used_names(cst.parse_expression(base))
-    return all(n in bound_before or n not in local or n in {p.name.value for p in kernel.params.params} for n in names)
+    params = {p.name.value for p in kernel.params.params}
+    bound_before, bound = Scope.of(before).bound, Scope.of(statements(kernel)).bound
+    return all(n in params or n in bound_before or n not in bound for n in used_names(cst.parse_expression(base)))
 
 
 def _feeding(stmts: list[cst.BaseStatement], at: int, guard_names: set[str]) -> list[cst.BaseStatement]:
     """The statements just before `stmts[at]` that bind one name read only by later ones of them and by the update:
     they move under the guard (the dot a skipped step does not need)."""
     moved: list[cst.BaseStatement] = []
-    later = [*stmts[at + 1 :]]
+    later = stmts[at + 1 :]
     for s in reversed(stmts[:at]):
         if not (isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Assign)):
             break

@@ -263,10 +263,12 @@ def kernels_alone_reason(ir: KernelIR, rep: Any, timeout_s: float) -> str | None
     if rep.ok and rep.estimated_s is None and (rep.note or "").startswith(PROFILE_CRASHED):
         return "the whole entry's profile crashed libtpu"
     if not rep.ok and rep.error_kind == "timeout":
-        rest = xla_rest(ir)
-        if rest.ops:
-            ops = ", ".join(sorted(set(rest.ops)))
-            return f"the whole entry's compile with the profile ran past {timeout_s:.0f} s; its wrapper runs XLA {ops}"
+        kinds = xla_rest(ir).kinds
+        if kinds:
+            return (
+                f"the whole entry's compile with the profile ran past {timeout_s:.0f} s; its wrapper runs XLA "
+                + ", ".join(kinds)
+            )
     return None
 
 
@@ -433,10 +435,10 @@ class Tiers:
             rest = xla_rest(ir)
             rest_s = rest.seconds(self.chip.floor_chip)
             t += rest_s
-            data = {**data, "xla_rest_s": rest_s, "xla_rest_ops": list(rest.ops)}
-            ops = ", ".join(sorted(set(rest.ops))) or "none"
+            data = {**data, "xla_rest_s": rest_s, "xla_rest_ops": list(rest.kinds)}
             message += (
-                f"; the pallas_calls' static schedule alone ({alone}), plus the wrapper's other XLA ops ({ops}) at "
+                f"; the pallas_calls' static schedule alone ({alone}), plus the wrapper's other XLA ops "
+                f"({', '.join(rest.kinds) or 'none'}) at "
                 f"max(FLOPs / peak, bytes / bandwidth) per op, {rest_s * 1e3:.3f} ms"
             )
         floor = roofline_floor(ir, self.chip)
