@@ -105,6 +105,54 @@ def test_user_modules_do_not_survive_a_request(pool: WarmPool, tmp_path: Path) -
     assert second and second["modules"] == [] and second["pid"] == first["pid"]
 
 
+def test_modules_from_the_workers_pythonpath_are_imported_once(tmp_path: Path) -> None:
+    # A TPU host's JAX and libtpu sit on PYTHONPATH, outside the Python installation; importing them again in the same
+    # worker aborted libtpu on every second check of a warm worker (found on a v5e host, session 33).
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "warm_pythonpath_lib.py").write_text(
+        "from pathlib import Path\n"
+        "log = Path(__file__).with_name('imports.log')\n"
+        "log.write_text(log.read_text() + 'x' if log.exists() else 'x')\n"
+    )
+    kernel_dir = tmp_path / "kernel"
+    kernel_dir.mkdir()
+    (kernel_dir / "warm_user_helper.py").write_text("X = 1\n")
+
+    def env(_folder: Path) -> dict[str, str]:
+        return {**_env(_folder), "PYTHONPATH": os.pathsep.join([_env(_folder)["PYTHONPATH"], str(lib)])}
+
+    p = WarmPool(HANDLER, env)
+    try:
+        answers = [p.call({"op": "import_lib", "path": str(kernel_dir / "k.py")}, 30) for _ in range(3)]
+        sibling, _, _ = p.call({"op": "import", "folder": str(kernel_dir)}, 30)
+        after, _, _ = p.call({"op": "sleep", "s": 0}, 30)
+    finally:
+        p.close()
+    assert all(reply and reply["ok"] for reply, _, _ in answers) and p.started == 1
+    assert (lib / "imports.log").read_text() == "x"  # once, though three requests imported it
+    assert sibling and sibling["modules"] == ["warm_user_helper"]
+    assert after and after["modules"] == []  # the kernel folder's own module is still dropped
+
+
+@pytest.mark.parametrize(
+    ("file", "user"),
+    [
+        ("/work/kernels/helper.py", True),  # the kernel's sibling
+        ("/opt/scrub/jax/_src/core.py", False),  # a PYTHONPATH folder the worker started with
+        ("/added/mod.py", True),  # a folder the request put on sys.path
+        ("/elsewhere/mod.py", False),
+        ("/usr/lib/python3.11/json/__init__.py", False),
+    ],
+)
+def test_which_modules_a_request_owns(file: str, user: bool) -> None:
+    from pallasopt.harness.warm_serve import is_user_module, protected_roots, user_folders
+
+    roots = protected_roots(["/opt/scrub", "/work", ""], cwd="/work")
+    users = user_folders({"path": "/work/kernels/k.py"}, ["/opt/scrub", "/work"], ["/opt/scrub", "/work", "/added"])
+    assert is_user_module(file, users, roots) is user
+
+
 def test_close_leaves_no_process(pool: WarmPool) -> None:
     pool.call({"op": "sleep", "s": 0}, 30)
     guards = pool.pids()

@@ -23,5 +23,7 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
         folder = request["folder"]
         sys.path.insert(0, folder)
         import warm_user_helper  # type: ignore[import-not-found]  # noqa: F401
+    elif op == "import_lib":  # a module from a folder on the worker's PYTHONPATH (a TPU host's JAX lives there)
+        import warm_pythonpath_lib  # type: ignore[import-not-found]  # noqa: F401
     print("noise on stdout goes to stderr")
     return {"ok": True, "pid": os.getpid(), "modules": sorted(m for m in sys.modules if m.startswith("warm_user"))}

@@ -8,8 +8,11 @@ before the handler sees it) arms ``alarm()``: past it the process dies by SIGALR
 between requests the alarm is the idle limit. The handler answers a dict and never raises (a raise becomes a
 ``stage: worker`` reply, as in the fresh child).
 
-After each request the modules the user's code added to `sys.modules` (files outside the Python installation and
-pallasopt) and the entries it added to `sys.path` are dropped, so the next candidate imports its siblings afresh.
+After each request the modules the user's code added to `sys.modules` and the entries it added to `sys.path` are
+dropped, so the next candidate imports its siblings afresh. A user module is one whose file lies in the request's
+kernel folder or in a folder the request put on `sys.path`, and not in the Python installation, pallasopt, or a folder
+that was on `sys.path` when the worker started (PYTHONPATH: where a TPU host's JAX and libtpu may live; importing
+those a second time in one process aborts libtpu: "absl::log_internal::SetTimeZone() has already been called").
 """
 
 from __future__ import annotations
@@ -23,17 +26,41 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _protected_roots() -> tuple[str, ...]:
+def _folder(path: str) -> str:
+    return os.path.join(os.path.abspath(path), "")
+
+
+def protected_roots(start_path: list[str], cwd: str) -> frozenset[str]:
+    """Folders whose modules a worker keeps: the Python installation, pallasopt, and the `sys.path` entries it started
+    with (PYTHONPATH), less the working folder (a kernel's siblings may live there)."""
     import pallasopt
 
     roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.abspath(pallasopt.__file__))}
-    return tuple(os.path.abspath(r) + os.sep for r in roots)
+    roots |= {p for p in start_path if p and _folder(p) != _folder(cwd)}
+    return frozenset(_folder(r) for r in roots)
 
 
-def _forget_user_modules(before: set[str], path_before: list[str], roots: tuple[str, ...]) -> None:
+def user_folders(request: dict[str, Any], path_before: list[str], path_after: list[str]) -> frozenset[str]:
+    """Where the request's own modules live: its kernel's folder and the folders it put on `sys.path`."""
+    folders = {p for p in path_after if p and p not in path_before}
+    kernel = request.get("path")
+    if isinstance(kernel, str) and kernel:
+        folders.add(os.path.dirname(os.path.abspath(kernel)))
+    return frozenset(_folder(f) for f in folders)
+
+
+def is_user_module(file: str, users: frozenset[str], roots: frozenset[str]) -> bool:
+    """A module file under a user folder and under no protected root (other than a user folder itself)."""
+    file = os.path.abspath(file)
+    return any(file.startswith(u) for u in users) and not any(file.startswith(r) for r in roots - users)
+
+
+def _forget_user_modules(
+    before: set[str], path_before: list[str], users: frozenset[str], roots: frozenset[str]
+) -> None:
     for name in set(sys.modules) - before:
         file = getattr(sys.modules.get(name), "__file__", None)
-        if isinstance(file, str) and not os.path.abspath(file).startswith(roots):
+        if isinstance(file, str) and is_user_module(file, users, roots):
             sys.modules.pop(name, None)
     sys.path[:] = path_before
 
@@ -60,7 +87,7 @@ def main() -> None:
 
         limit_memory()
     handler = _resolve(str(hello["handler"]))
-    roots = _protected_roots()
+    roots = protected_roots(list(sys.path), os.getcwd())
     out.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
     out.flush()
     for line in stdin:
@@ -74,7 +101,7 @@ def main() -> None:
         except BaseException as exc:  # a bug in the handler: still answer, as the fresh child does
             reply = {"ok": False, "stage": "worker", "error": repr(exc), "error_type": type(exc).__name__}
         signal.alarm(0)
-        _forget_user_modules(before, path_before, roots)
+        _forget_user_modules(before, path_before, user_folders(request, path_before, list(sys.path)), roots)
         out.write(json.dumps(reply) + "\n")
         out.flush()
         signal.alarm(idle_s)
