@@ -752,3 +752,35 @@ def test_a_body_rewrite_the_model_cannot_rank_gets_a_compile() -> None:
     root.results["compiler"] = TierResult("compiler", True, 0.9e-3, "")
     body.results["model"] = TierResult("model", True, 0.95e-3, "")
     assert not body_rewrite(body, root)
+
+
+class ChipTimed(FakeTiers):
+    """A chip in the room: the hardware tier times every candidate, in the reverse of the compiler's order (the
+    compiler's slowest estimate is the chip's fastest), and every candidate beats the baseline on it."""
+
+    def unavailable(self, tier: str) -> str | None:
+        return None
+
+    def hardware(self, ir: KernelIR) -> TierResult | None:
+        self.calls["hardware"] += 1
+        c = self.compiler(ir)
+        assert c is not None and c.time_s is not None
+        t = 1e-12 / c.time_s if self.bm(ir) != FakeTiers.bm(KernelIR.from_file(MATMUL)) else 1.0
+        return TierResult("hardware", True, t, "fake chip", {"device": "x"})
+
+
+def test_where_the_chip_ranks_candidates_are_checked_and_timed_in_the_compilers_order(matmul_ir) -> None:
+    """On a v5e host (session 33) `pallasopt run` checked and timed no candidate: every candidate had no chip time
+    yet, so each ranked at inf and none was "faster than the worst kept"; the run kept its baseline ("start recipe
+    dropped: not verified", "stop: no progress"). Candidates the chip has not timed are now checked and timed in the
+    order of the compiler's estimates, and the chip's times pick the result."""
+    tiers = ChipTimed()
+    out = run(matmul_ir, tiers, depth=1, budget_seconds=1000.0)
+    assert out.score_tier == "hardware" and tiers.calls["hardware"] > 2 and tiers.calls["check"] > 2
+    timed = [n for n in out.nodes.values() if n.recipe and n.passed("hardware")]
+    compiled = sorted(
+        (n for n in out.nodes.values() if n.recipe and n.passed("compiler")), key=lambda n: n.results["compiler"].time_s
+    )
+    assert {n.digest for n in timed} <= {n.digest for n in compiled[: 2 * 4]}  # the compiler's best were timed
+    chip_best = min(timed, key=lambda n: n.results["hardware"].time_s)
+    assert out.best is chip_best and chip_best is not compiled[0]  # the chip's order, not the compiler's

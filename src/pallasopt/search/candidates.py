@@ -182,7 +182,7 @@ def body_rewrites_first(
     ordered: list[Node],
     prune: int | None,
     parent_of: Callable[[Node], Node | None],
-    parent_key: Callable[[Node], tuple[float, str]],
+    parent_key: Callable[[Node], tuple[float, float, str]],
 ) -> list[Node]:
     """`ordered` (the compile order) with up to `prune // BODY_REWRITE_SHARE` (at least one) body rewrites
     (`body_rewrite`) of parents that passed the compiler tier moved to second place, those of the best-ranked

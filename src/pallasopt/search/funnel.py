@@ -161,11 +161,26 @@ class Funnel:
             and n.passed(self.score_tier)
         )
 
-    def rank_key(self, n: Node) -> tuple[float, str]:
+    def rank_key(self, n: Node) -> tuple[float, float, str]:
         """THE order of candidates in every strategy and in the outcome: time at the ranking tier, ties broken by
         the recipe (`Node.spec`; the baseline's "(baseline)" sorts before every recipe, so a tie keeps it). Never by
-        creation or answer order, so the result does not depend on thread timing or on which strategy made it."""
-        return (self.key(n), n.spec)
+        creation or answer order, so the result does not depend on thread timing or on which strategy made it.
+        Where the chip ranks, the candidates not timed yet (all tied at inf) come in the order of the tier below
+        (`screen_s`): the order they are checked and timed in."""
+        return (self.key(n), self.screen_s(n), n.spec)
+
+    def screen_s(self, n: Node) -> float:
+        """Where the hardware tier ranks: a candidate's time at the tier that screened it (the compiler's estimate,
+        else the model's), which orders the candidates the chip has not timed yet; 0 where another tier ranks."""
+        if self.score_tier != "hardware":
+            return 0.0
+        s = score_of(n, "compiler") or score_of(n, "model")
+        return s.time_s if s else float("inf")
+
+    def may_enter(self, n: Node, bar: float) -> bool:
+        """Whether `n` can still beat `bar` (a time at the ranking tier): faster there, or, where the chip ranks, not
+        timed yet (a compiler estimate or model time is no chip time to hold against a bar the chip measured)."""
+        return self.key(n) < bar or (self.score_tier == "hardware" and "hardware" not in n.results)
 
     # -- the baseline -----------------------------------------------------------------------------------------------
     def _baseline(self) -> None:
@@ -488,7 +503,7 @@ class Funnel:
         Checks in rank order, `jobs` at a time, until `want` pass (None: all), at most `max_checks` (default
         `2 * want`), only candidates faster than `worst_kept`: only those could enter the result."""
         max_checks = max_checks if max_checks is not None else (None if want is None else 2 * want)
-        queue = [c for c in ranked if self.key(c) < worst_kept]
+        queue = [c for c in ranked if self.may_enter(c, worst_kept)]
         limit = len(queue) if max_checks is None else max_checks  # checks started, at most
         goal = min(len(queue), limit) if want is None else want
         started = 0
