@@ -71,3 +71,26 @@ def test_small_dims_are_derived_when_not_given() -> None:
 def test_needs_two_seeds() -> None:
     with pytest.raises(ValueError):
         check("", "x.py", seeds=(1,))
+
+
+def test_a_dot_the_cpu_backend_cannot_run_is_said_so_and_never_passes() -> None:
+    # gpt-style channel-major projections (the triangle multiplication's einsum("ijz,zc->cij") in bf16, session 33):
+    # jaxlib 0.10.2's CPU dot cannot run them, the TPU can; the oracle must say which, not blame the kernel.
+    src = (
+        (TEST_KERNELS / "wrong_result.py")
+        .read_text()
+        .replace(
+            "kernel(x_ref, o_ref):\n    o_ref[...] = jnp.where(pl.program_id(0) == 1, x_ref[...] * 2.0, x_ref[...] + 1.0)",
+            "kernel(x_ref, o_ref):\n    o_ref[...] = x_ref[...] + 1.0",
+        )
+        .replace(
+            "def reference(x):\n    return x + 1.0\n",
+            "def reference(x):\n"
+            "    w = jnp.ones((x.shape[1], 8), jnp.bfloat16)\n"
+            "    y = jnp.einsum('ijz,zc->cij', x.reshape(2, -1, x.shape[1]).astype(jnp.bfloat16), w,\n"
+            "                   preferred_element_type=jnp.float32)\n"
+            "    return x + 1.0 + jnp.minimum(jnp.abs(y).max(), 0.0)\n",
+        )
+    )
+    r = check(src, "cm_einsum.py")
+    assert not r.ok and "XLA's CPU backend cannot run a bf16 x bf16 -> f32 dot_general" in r.message, r.message

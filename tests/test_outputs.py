@@ -82,6 +82,18 @@ def test_an_unwritable_output_folder_is_refused_before_any_work(capsys, good, tm
     assert not (tmp_path / "k.db").exists()
 
 
+def test_report_without_matplotlib_is_refused_before_any_work(capsys, good, tmp_path, monkeypatch) -> None:
+    # A TPU host with a partial install ran a 4-minute search and then died in the report's plot (session 33).
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    argv = ["run", str(good), "--no-compile", "--db", str(tmp_path / "k.db"), "--report", str(tmp_path / "rep")]
+    line = error_line(capsys, 4, argv)
+    assert line == "--report needs matplotlib, which is not installed (pip install matplotlib, or drop --report)", line
+    assert not (tmp_path / "k.db").exists() and not (tmp_path / "rep").exists()
+
+
 def test_a_new_output_gets_the_usual_mode_and_a_replaced_one_keeps_its_own(capsys, good, tmp_path) -> None:
     from pallasopt.optimize import write_atomic
 

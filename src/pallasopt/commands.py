@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .config import STRATEGY_NAMES, SearchConfig
-from .errors import ExitCode, UsageError
+from .errors import EnvironmentProblem, ExitCode, UsageError
 from .outputs import check_output, check_writable, check_writable_folder, write_atomic
 from .workload import read_file
 
@@ -270,7 +270,6 @@ def _maybe_llm(args: argparse.Namespace) -> Iterator[Any]:
         return
     from .config import read_env
     from .db.store import KernelDB, default_path
-    from .errors import EnvironmentProblem
     from .llm.client import AnthropicClient
     from .llm.session import llm_session
 
@@ -313,6 +312,17 @@ def check_run_outputs(args: argparse.Namespace) -> None:
         check_writable(default_output(kernel), "-o")  # pallasopt's own FILE_STEM.opt.py: replaced by a new run
     if args.report:
         check_writable_folder(Path(args.report), "--report")
+        check_plotting()
+
+
+def check_plotting() -> None:
+    """--report draws its plots with matplotlib (a core dependency): refuse before the search, not after it."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise EnvironmentProblem(
+            "--report needs matplotlib, which is not installed", hint="pip install matplotlib, or drop --report"
+        )
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:

@@ -47,8 +47,22 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
         return {
             "ok": False,
             "status": "error",
-            "message": f"{type(e).__name__}: {text}" + (f" at {where}" if where else ""),
+            "message": cpu_backend_limit(text) or f"{type(e).__name__}: {text}" + (f" at {where}" if where else ""),
         }
+
+
+def cpu_backend_limit(text: str) -> str:
+    """What to say when XLA's CPU backend, not the module, failed ("" otherwise). jaxlib 0.10.2's CPU dot runs a
+    bf16 x bf16 -> f32 dot_general only with the canonical contracting dims: `jnp.einsum("ijz,zc->cij", x, w,
+    preferred_element_type=jnp.float32)` on bf16 fails there ("Unsupported element type for DotThunk::Execute") and runs
+    on a TPU. The module is not shown wrong; it cannot be run on this machine as written."""
+    if "Unsupported element type for DotThunk" not in text:
+        return ""
+    return (
+        "XLA's CPU backend cannot run a bf16 x bf16 -> f32 dot_general of this module (jaxlib's CPU dot takes only "
+        "the canonical contracting dims in bf16), so it cannot be checked on this machine: write that contraction "
+        "as jnp.dot(...) followed by jnp.transpose (which XLA folds into the dot's layout on TPU), or in float32"
+    )
 
 
 def main() -> None:
