@@ -248,6 +248,35 @@ def test_a_compile_that_kills_its_worker_gets_the_fresh_childs_record_and_the_ne
         pool.close()
 
 
+def test_the_local_executor_times_in_one_warm_worker_one_timing_at_a_time() -> None:
+    """A fresh child per chip timing cost 24-29 s on a v5e host (session 33): timings now go to one warm worker that
+    keeps the accelerator, under a lock (a second process could not open the chip). Here (no accelerator) both
+    answer the worker's refusal; the warm answer is the fresh child's, and two timings reuse one worker."""
+    import concurrent.futures
+
+    from pallasopt.cost_model.hardware import CHIPS
+    from pallasopt.executors.jobs import time_job
+
+    source = (ROOT / "examples" / "matmul.py").read_text()
+    job = time_job(source, "examples/matmul.py", CHIPS["v5e"])
+    fresh = LocalExecutor(warm=False).run(job)
+    ex = LocalExecutor()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as threads:
+            answers = list(threads.map(ex.run, [job, job]))
+        assert ex.timing_pool is not None and ex.timing_pool.started == 1  # the lock: never two at once
+        workers = ex.timing_pool.pids()
+    finally:
+        ex.close()
+    assert (
+        fresh
+        == answers[0]
+        == answers[1]
+        == {"ok": False, "message": "no accelerator: hardware timing is not done on the CPU"}
+    )
+    assert workers and all(_gone(pool_guard_of(w, default=w)) for w in workers)
+
+
 @needs_libtpu
 def test_the_local_executor_compiles_warm_and_closes_its_workers() -> None:
     ex = LocalExecutor()

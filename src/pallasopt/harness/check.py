@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .subproc import ChildResult, run_child
-from .warm import WarmPool
+from .subproc import run_child
+from .warm import WarmPool, ask
 
 # Bump when the oracle gets stricter: a cached verdict of an older oracle must not be reused (search/cached.py keys
 # check results by seeds today; it should add this). 2: issue 17 (pipelining rules, exact coverage, wide dims, grid
@@ -92,7 +91,7 @@ def check(
         raise ValueError("the oracle needs at least two seeds")
     request = {"op": "check", "source": source, "path": path, "seeds": list(seeds), "dims": dict(dims or {})}
     if pool is not None:
-        child = _warm_child(pool, request, timeout_s)
+        child = ask(pool, request, timeout_s)
     else:
         child = run_child("pallasopt.harness.worker", request, timeout_s=timeout_s)
     if child.reply is None:
@@ -126,19 +125,3 @@ def check_pool() -> WarmPool:
         max_requests=CHECK_WORKER_REQUESTS,
         python=read_env().python or "",
     )
-
-
-def _warm_child(pool: WarmPool, request: Mapping[str, Any], timeout_s: float) -> ChildResult:
-    """`run_child`'s answer, from a warm worker."""
-    from ..lifeline import describe_exit
-
-    start = time.perf_counter()
-    reply, err, code = pool.call(request, timeout_s)
-    wall = time.perf_counter() - start
-    if reply is not None:
-        return ChildResult(reply, "ok", "", wall, 0)
-    if code is None:
-        return ChildResult(None, "timeout", f"timed out after {timeout_s:.0f} s", wall, None)
-    tail = "\n".join(err.strip().splitlines()[-5:])
-    message = f"evaluation process died ({describe_exit(code)})" + (f": {tail}" if tail else "")
-    return ChildResult(None, "crash", message, wall, code)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..config import child_env
 from .subproc import run_child
+from .warm import WarmPool, ask
 
 _PROBE = "import jax; d = jax.devices()[0]; print(d.platform, '|', d.device_kind)"
 
@@ -33,14 +34,41 @@ def accelerator_kind() -> str | None:
     return f"{platform}: {kind.strip()}" if platform in ("tpu", "gpu", "cuda", "rocm") else None
 
 
-def time_kernel(source: str, path: str, *, repeats: int = 30, timeout_s: float = 600.0) -> dict[str, Any]:
+def time_kernel(
+    source: str, path: str, *, repeats: int = 30, timeout_s: float = 600.0, pool: WarmPool | None = None
+) -> dict[str, Any]:
     """Median wall time of the entry at its default dims on the accelerator, after warm-up, inputs rotated, and the
-    output compared with the reference on the device."""
+    output compared with the reference on the device. `pool` (`timing_pool()`): in its warm worker, which holds the
+    accelerator between timings, instead of a fresh child (the same handler and answer)."""
     request = {"op": "time", "source": source, "path": path, "repeats": repeats}
-    child = run_child("pallasopt.harness.worker", request, timeout_s=timeout_s, extra_env={"JAX_PLATFORMS": ""})
+    if pool is not None:
+        child = ask(pool, request, timeout_s)
+    else:
+        child = run_child("pallasopt.harness.worker", request, timeout_s=timeout_s, extra_env=ACCELERATOR_ENV)
     if child.reply is None:
         return {"ok": False, "message": child.message}
     return child.reply
+
+
+ACCELERATOR_ENV = {"JAX_PLATFORMS": ""}  # a timing child may see the accelerator (every other child is CPU-only)
+# Timings one warm worker runs before a fresh one replaces it. A fresh child per timing spent 24-29 s of each on a v5e
+# host (JAX's TPU start-up, then the entry's and the reference's compiles: session 33, bench/results/hw-v5e-2026-12-07c);
+# in one process `hw_measure.py` times a variant in 1-5 s.
+TIMING_WORKER_REQUESTS = 100
+
+
+def timing_pool() -> WarmPool:
+    """The warm worker for hardware timings: `harness.worker.handle` with the accelerator visible, as the fresh
+    timing child's. Its owner sends it one timing at a time (one chip: a second worker could not open it)."""
+    from ..config import read_env
+
+    return WarmPool(
+        "pallasopt.harness.worker:handle",
+        lambda _folder: child_env(ACCELERATOR_ENV),
+        limit_memory=True,
+        max_requests=TIMING_WORKER_REQUESTS,
+        python=read_env().python or "",
+    )
 
 
 MIN_BATCH_S = 0.02  # a timed batch of back-to-back calls lasts at least this long ...

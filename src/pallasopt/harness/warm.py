@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..lifeline import DEADLINE_GRACE_S, child_command, deadline_for, kill_group, spawned
+from ..lifeline import DEADLINE_GRACE_S, child_command, deadline_for, describe_exit, kill_group, spawned
+from .subproc import ChildResult
 
 LIFETIME_S = 4 * 3600  # the guard's own deadline: a worker is retired before a request could run past it
 IDLE_S = 900  # a worker with no request for this long ends itself (its parent may be hung)
@@ -258,3 +259,17 @@ class WarmPool:
         for w in idle:
             w.close(grace_s=CLOSE_GRACE_S)
         shutil.rmtree(self._root, ignore_errors=True)
+
+
+def ask(pool: WarmPool, request: Mapping[str, Any], timeout_s: float) -> ChildResult:
+    """`run_child`'s answer (`subproc.ChildResult`), from a warm worker of `pool`."""
+    start = time.perf_counter()
+    reply, err, code = pool.call(request, timeout_s)
+    wall = time.perf_counter() - start
+    if reply is not None:
+        return ChildResult(reply, "ok", "", wall, 0)
+    if code is None:
+        return ChildResult(None, "timeout", f"timed out after {timeout_s:.0f} s", wall, None)
+    tail = "\n".join(err.strip().splitlines()[-5:])
+    message = f"evaluation process died ({describe_exit(code)})" + (f": {tail}" if tail else "")
+    return ChildResult(None, "crash", message, wall, code)
