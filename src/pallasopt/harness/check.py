@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .subproc import run_child
-from .warm import WarmPool, ask
+from .warm import WarmPool, ask, worker_pool
 
 # Bump when the oracle gets stricter: a cached verdict of an older oracle must not be reused (search/cached.py keys
 # check results by seeds today; it should add this). 2: issue 17 (pipelining rules, exact coverage, wide dims, grid
@@ -116,12 +116,4 @@ CHECK_WORKER_REQUESTS = 20  # checks one warm worker runs before a fresh one rep
 def check_pool() -> WarmPool:
     """Warm check workers: `harness.worker.handle` in a child with the same environment and memory limit as the
     fresh check child's (`run_child`)."""
-    from ..config import child_env, read_env
-
-    return WarmPool(
-        "pallasopt.harness.worker:handle",
-        lambda _folder: child_env(None),
-        limit_memory=True,
-        max_requests=CHECK_WORKER_REQUESTS,
-        python=read_env().python or "",
-    )
+    return worker_pool(None, CHECK_WORKER_REQUESTS)

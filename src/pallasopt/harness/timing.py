@@ -13,7 +13,7 @@ from typing import Any
 
 from ..config import child_env
 from .subproc import run_child
-from .warm import WarmPool, ask
+from .warm import WarmPool, ask, worker_pool
 
 _PROBE = "import jax; d = jax.devices()[0]; print(d.platform, '|', d.device_kind)"
 
@@ -60,15 +60,7 @@ TIMING_WORKER_REQUESTS = 100
 def timing_pool() -> WarmPool:
     """The warm worker for hardware timings: `harness.worker.handle` with the accelerator visible, as the fresh
     timing child's. Its owner sends it one timing at a time (one chip: a second worker could not open it)."""
-    from ..config import read_env
-
-    return WarmPool(
-        "pallasopt.harness.worker:handle",
-        lambda _folder: child_env(ACCELERATOR_ENV),
-        limit_memory=True,
-        max_requests=TIMING_WORKER_REQUESTS,
-        python=read_env().python or "",
-    )
+    return worker_pool(ACCELERATOR_ENV, TIMING_WORKER_REQUESTS)
 
 
 MIN_BATCH_S = 0.02  # a timed batch of back-to-back calls lasts at least this long ...

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..config import child_env, read_env
 from ..lifeline import DEADLINE_GRACE_S, child_command, deadline_for, describe_exit, kill_group, spawned
 from .subproc import ChildResult
 
@@ -273,3 +274,15 @@ def ask(pool: WarmPool, request: Mapping[str, Any], timeout_s: float) -> ChildRe
     tail = "\n".join(err.strip().splitlines()[-5:])
     message = f"evaluation process died ({describe_exit(code)})" + (f": {tail}" if tail else "")
     return ChildResult(None, "crash", message, wall, code)
+
+
+def worker_pool(extra_env: Mapping[str, str] | None, max_requests: int) -> WarmPool:
+    """Warm workers of `harness.worker.handle` (checks, timings) with the fresh worker child's environment
+    (`config.child_env(extra_env)`), memory limit and interpreter; each replaced after `max_requests`."""
+    return WarmPool(
+        "pallasopt.harness.worker:handle",
+        lambda _folder: child_env(extra_env),
+        limit_memory=True,
+        max_requests=max_requests,
+        python=read_env().python or "",
+    )
