@@ -784,3 +784,29 @@ def test_where_the_chip_ranks_candidates_are_checked_and_timed_in_the_compilers_
     assert {n.digest for n in timed} <= {n.digest for n in compiled[: 2 * 4]}  # the compiler's best were timed
     chip_best = min(timed, key=lambda n: n.results["hardware"].time_s)
     assert out.best is chip_best and chip_best is not compiled[0]  # the chip's order, not the compiler's
+
+
+def test_a_chip_time_under_the_roofline_floor_is_rechecked_on_other_seeds(matmul_ir) -> None:
+    """The reward-hack guard re-checked a suspicious time before the hardware tier had timed anything, so a chip time
+    under half the roofline floor went unchecked. A kernel that times impossibly fast on the chip and fails on other
+    seeds must leave the result."""
+    from pallasopt.search.funnel import RECHECK_OFFSET
+
+    class Cheater(ChipTimed):
+        def hardware(self, ir: KernelIR) -> TierResult | None:
+            r = super().hardware(ir)
+            assert r is not None
+            if self.bm(ir) == FakeTiers.bm(matmul_ir):
+                return r
+            return TierResult("hardware", True, 1e-9, "fake chip", {"device": "x", "below_floor": True})
+
+        def check(self, ir: KernelIR, seeds: tuple[int, ...], deadline: float | None = None) -> TierResult:
+            self.calls["check"] += 1
+            honest = min(seeds) < RECHECK_OFFSET  # right on the search seeds, wrong on the re-check's
+            return TierResult("check", self.bm(ir) == FakeTiers.bm(matmul_ir) or honest, None, "fake check")
+
+    tiers = Cheater()
+    out = run(matmul_ir, tiers, depth=1, budget_seconds=1000.0)
+    flagged = [n for n in out.nodes.values() if n.recipe and "hardware" in n.results]
+    assert flagged and all(not n.passed("check") for n in flagged)  # each re-checked, and failed
+    assert out.best is out.baseline
