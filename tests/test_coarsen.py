@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_compiler import needs_libtpu
 
+from pallasopt.cost_model.compiler import compile_module
 from pallasopt.cost_model.hardware import get_chip
 from pallasopt.errors import PassNotApplicable
 from pallasopt.harness.check import check_many
@@ -106,3 +108,28 @@ def test_every_choice_and_conv_then_fuse_match_the_reference() -> None:
     assert len(both.calls) == 1 and both.calls[0].grid == (32, 7)
     (c,) = check_many([both.source], str(CONV_BN))
     assert c.ok, c.message
+
+
+SCALAR = ROOT / "tests" / "kernels" / "coarsen" / "row_mean_scalar.py"
+
+
+def test_a_one_element_store_becomes_a_one_element_block_store() -> None:
+    """JAXBench's 44_ConvTranspose2d_..._Mean (gpt53) stores one element per row (`o_ref[0, 0] = s / n`); its
+    coarsened kernel still failed to lower ("Cannot store scalars to VMEM"), so the search found nothing for it. The
+    loop now stores a (1, 1) block; every choice matches the reference."""
+    ir = KernelIR.from_file(SCALAR)
+    made = [p.apply(ir) for p in CoarsenPass.choices(ir, V5E)]
+    assert [c.calls[0].operands[1].block_shape for c in made] == [(2, 1), (4, 1), (8, 1)]
+    assert all(
+        "o_ref[pl.ds(r, 1), pl.ds(0, 1)] = jnp.full((1, 1), s / vals.shape[0], o_ref.dtype)" in c.source for c in made
+    )
+    assert all("vals = x_ref[r, :]" in c.source for c in made)  # a row read stays a read
+    checked = check_many([c.source for c in made], str(SCALAR))
+    assert all(c.ok for c in checked), [c.message for c in checked]
+
+
+@needs_libtpu
+def test_the_coarsened_one_element_store_lowers_for_tpu() -> None:
+    ir = CoarsenPass(call=0, axis=0, by=8).apply(KernelIR.from_file(SCALAR))
+    rep = compile_module(ir.source, str(SCALAR), "row_mean", {}, "v5e")
+    assert rep.ok, rep.error

@@ -26,6 +26,7 @@ from ..ir.matchers import (
     find_call_node,
     grid_spec_keyword,
     helper_reading_program_id,
+    jnp_alias,
     kernel_function,
     kernel_refs,
     module_names,
@@ -102,7 +103,9 @@ class CoarsenPass(Pass):
         module = loc.wrapper.module
         row = fresh_name(used_names(kernel) | module_names(module), "r")
         dims = {refs[k]: d for k, d in walked}
-        edits: dict[cst.CSTNode, cst.CSTNode] = {kernel: looped(kernel, dims, self.axis, row, pl_alias(module))}
+        ranks = {refs[k]: len(facts.operands[k].shape) for k, _ in walked}
+        looped_kernel = looped(kernel, dims, self.axis, row, pl_alias(module), ranks, jnp_alias(module))
+        edits: dict[cst.CSTNode, cst.CSTNode] = {kernel: looped_kernel}
         edits.update(_grid_edit(loc, node, self.axis, self.by))
         edits.update(_block_edits(loc, node, facts, walked, self.by))
         new = ir.with_module(replace_many(module, edits), self.spec())
@@ -133,10 +136,21 @@ def walked_dims(c: CallFacts, axis: int) -> tuple[tuple[int, int], ...] | str:
     return tuple(out) if out else f"no operand walks axis {axis}"
 
 
-def looped(kernel: cst.FunctionDef, dims: Mapping[str, int], axis: int, row: str, pl: str) -> cst.FunctionDef:
+def looped(
+    kernel: cst.FunctionDef,
+    dims: Mapping[str, int],
+    axis: int,
+    row: str,
+    pl: str,
+    ranks: Mapping[str, int] | None = None,
+    jnp: str | None = None,
+) -> cst.FunctionDef:
     """The kernel with its body in `for row in range(ref.shape[d])` (a walked ref's rows per block): each ref in
     `dims` indexed at `row` instead of a literal 0 in its dim, `program_id(axis)` the old step's index (declines any
-    other use of those refs)."""
+    other use of those refs). A store of one element into a walked ref (`o_ref[0, 0] = v`: every one of its `ranks`
+    dims indexed), which Mosaic does not lower ("Cannot store scalars to VMEM"), becomes a store of a one-element
+    block (`o_ref[pl.ds(row, 1), pl.ds(0, 1)] = jnp.full((1, 1), v, o_ref.dtype)`; with `jnp`, the module's name for
+    jax.numpy)."""
     returns = [r for r in m.findall(kernel.body, m.Return()) if not _in_nested_def(kernel, r)]
     check(not returns, "the kernel body returns early")
     _check_ref_uses(kernel, dims)
@@ -149,7 +163,7 @@ def looped(kernel: cst.FunctionDef, dims: Mapping[str, int], axis: int, row: str
     # (`tile` sees `by` in the grid and specs as a block knob) leaves the loop and the step's first row in step.
     ref, d = list(dims.items())[-1]  # the last walked ref: an output where one is walked
     rows = f"{ref}.shape[{d}]"
-    inner = cst.IndentedBlock(body=stmts[len(doc) :]).visit(_Rows(dims, axis, rows, row, pl))
+    inner = cst.IndentedBlock(body=stmts[len(doc) :]).visit(_Rows(dims, axis, rows, row, pl, ranks or {}, jnp))
     assert isinstance(inner, cst.IndentedBlock)
     loop = cst.For(target=cst.Name(row), iter=cst.parse_expression(f"range({rows})"), body=inner)
     return kernel.with_changes(body=body.with_changes(body=[*doc, loop]))
@@ -207,9 +221,41 @@ def _row_index(sub: cst.Subscript, d: int) -> cst.Index:
 class _Rows(cst.CSTTransformer):
     """Row `row` of the walked refs, and the old step's index for `program_id(axis)`."""
 
-    def __init__(self, dims: Mapping[str, int], axis: int, rows: str, row: str, pl: str) -> None:
+    def __init__(
+        self,
+        dims: Mapping[str, int],
+        axis: int,
+        rows: str,
+        row: str,
+        pl: str,
+        ranks: Mapping[str, int],
+        jnp: str | None,
+    ) -> None:
         super().__init__()
         self.dims, self.axis, self.rows, self.row, self.pl = dims, axis, rows, row, pl
+        self.ranks, self.jnp = ranks, jnp
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        """`ref[i, j] = v` (one element of a walked ref) -> `ref[pl.ds(i, 1), pl.ds(j, 1)] = jnp.full((1, 1), v,
+        ref.dtype)`: a one-element block store, which Mosaic lowers where the scalar store does not."""
+        if len(updated.targets) != 1 or self.jnp is None:
+            return updated
+        target = updated.targets[0].target
+        if not isinstance(target, cst.Subscript) or not isinstance(target.value, cst.Name):
+            return updated
+        name = target.value.value
+        elems = list(target.slice)
+        scalar = all(isinstance(e.slice, cst.Index) and not isinstance(e.slice.value, cst.Ellipsis) for e in elems)
+        if name not in self.dims or not scalar or len(elems) != self.ranks.get(name):
+            return updated
+        blocks = [
+            e.with_changes(slice=cst.Index(cst.parse_expression(f"{self.pl}.ds({code(e.slice)}, 1)"))) for e in elems
+        ]
+        ones = "(" + ", ".join(["1"] * len(elems)) + ("," if len(elems) == 1 else "") + ")"
+        value = cst.parse_expression(f"{self.jnp}.full({ones}, {code(updated.value)}, {name}.dtype)")
+        return updated.with_changes(
+            targets=[updated.targets[0].with_changes(target=target.with_changes(slice=blocks))], value=value
+        )
 
     def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.BaseExpression:
         if not isinstance(original.value, cst.Name) or original.value.value not in self.dims:
