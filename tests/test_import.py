@@ -37,6 +37,15 @@ def test_llm_reply_gives_its_longest_module_block() -> None:
         extract_code("Sorry, I cannot write this kernel.\n```python\ndef f(:\n```\n", "reply.md")
 
 
+def test_a_reply_cut_off_inside_its_python_block_says_where() -> None:
+    # JAXBench's gemini3 70_Gemm_Sigmoid_Scaling_ResidualAdd ends mid-line inside an unclosed ```python block.
+    reply = "```python\nimport jax\n\ndef f(x):\n    return jnp.array([[x.\n"
+    with pytest.raises(KernelError) as e:
+        extract_code(reply, "reply.md")
+    assert e.value.line == 5 and "never closed and stops parsing: '[' was never closed" in str(e.value)
+    assert "cut off" in str(e.value)
+
+
 def test_api_drift_is_found_and_fixed_only_where_known() -> None:
     code = extract_code(read_file(KB / "gemm_bias_relu_reply.md"), "r").code
     (d,) = find_drift(code)

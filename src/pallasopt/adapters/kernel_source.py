@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ..errors import KernelError
 from ..pyparse import parse_module
 
+_OPEN_FENCE = re.compile(r"^```(?:python|py|python3)?[ \t]*\n", re.MULTILINE)
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.S | re.M)
 
 
@@ -54,14 +55,30 @@ def extract_code(text: str, path: str) -> KernelCode:
         ):
             blocks.append((len(body), text[: m.start(2)].count("\n") + 1, body))
     if not blocks:
-        raise KernelError(
-            f"not Python and no ```python block in it parses: {whole.msg}",
-            path=path,
-            line=whole.lineno,
-            hint="pass the kernel's Python module (or an LLM reply with the module in a ```python block)",
-        )
+        raise _no_module(text, path, whole)
     _, line, body = max(blocks)
     return KernelCode(body, path, extracted=True, first_line=line)
+
+
+def _no_module(text: str, path: str, whole: SyntaxError) -> KernelError:
+    """Why a file holds no module: its own syntax error, or, for a reply whose ```python block is never closed (an
+    LLM reply cut off mid-generation, seen in JAXBench's gemini3 70_Gemm_Sigmoid_Scaling_ResidualAdd), where that
+    block stops parsing."""
+    opened = _OPEN_FENCE.search(text)
+    hint = "pass the kernel's Python module (or an LLM reply with the module in a ```python block)"
+    if opened is not None and "```" not in text[opened.end() :]:
+        first = text[: opened.end()].count("\n") + 1
+        err = _parse(text[opened.end() :])
+        if isinstance(err, SyntaxError):
+            return KernelError(
+                f"the reply's ```python block is never closed and stops parsing: {err.msg} (the reply looks cut off)",
+                path=path,
+                line=first + (err.lineno or 1) - 1,
+                hint="generate the kernel again, or complete the module by hand",
+            )
+    return KernelError(
+        f"not Python and no ```python block in it parses: {whole.msg}", path=path, line=whole.lineno, hint=hint
+    )
 
 
 # ---------------------------------------------------------------- API drift
