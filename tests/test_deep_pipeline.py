@@ -150,7 +150,27 @@ def test_an_empty_grid_declines(tmp_path) -> None:
         PipelinePass(depth=3).apply(ir)
 
 
+@pytest.mark.parametrize("n", [8, 200], ids=["block-wider-than-array", "partial-last-block"])
+def test_a_block_that_does_not_divide_its_array_declines(tmp_path, n: int) -> None:
+    # with a cdiv grid, emit_pipeline DMAs the ragged block with a run-time size: the trace's DMA count crashed on it
+    # ("int() argument ... not 'Var'", found by the property test, session 33) and the TPU interpreter rejects it
+    path = tmp_path / "ragged.py"
+    path.write_text(
+        EMPTY_GRID.replace("grid=(m // 8, n // 128)", "grid=(pl.cdiv(m, 8), pl.cdiv(n, 128))").replace("N=8", f"N={n}")
+    )
+    ir = KernelIR.from_file(path)
+    assert PipelinePass.choices(ir, V5E) == ()
+    with pytest.raises(PassNotApplicable, match="does not divide its array"):
+        PipelinePass(depth=3).apply(ir)
+
+
 def test_the_search_offers_it_only_where_it_can_time_candidates() -> None:
     assert "pipeline" not in {p.name for p in select_passes([])}
     assert "pipeline" in {p.name for p in select_passes([], hardware=True)}
     assert [p.name for p in select_passes(["pipeline", "tile"])] == ["pipeline", "tile"]
+
+
+def test_a_dma_of_run_time_size_is_counted_at_its_bound() -> None:
+    ir = KernelIR.from_file(TEST_KERNELS / "pipeline" / "ragged_emit_pipeline.py")
+    (c,) = ir.calls
+    assert c.grid == () and c.body.has_dma  # traced: the DMA count took the whole dim where the size is traced

@@ -58,7 +58,9 @@ class LoopProfile:
 
 
 def dma_bytes(eqn: Any) -> int:
-    """Bytes one `dma_start` moves: the source slice's shape (a `Slice` gives its size, a scalar index 1)."""
+    """Bytes one `dma_start` moves: the source slice's shape (a `Slice` gives its size, a scalar index 1; a size
+    known only at run time, as `emit_pipeline` gives a block that overhangs a small array, counts as the whole dim:
+    an upper bound)."""
     src = jax.tree_util.tree_unflatten(eqn.params["tree"], eqn.invars)[0]
     ref = getattr(src, "ref", src)
     aval = getattr(ref, "aval", None)
@@ -68,8 +70,20 @@ def dma_bytes(eqn: Any) -> int:
         indices = getattr(t, "indices", None)
         if indices is None:
             continue
-        shape = [int(i.size) if hasattr(i, "size") and hasattr(i, "start") else 1 for i in indices]
+        dims = shape + [1] * (len(indices) - len(shape))
+        shape = [_slice_size(i, d) for i, d in zip(indices, dims, strict=False)]
     return math.prod(shape) * dtype_bytes(str(getattr(inner, "dtype", "float32")))
+
+
+def _slice_size(index: Any, dim: int) -> int:
+    """Elements an index takes along a dim of `dim` elements: a slice's size, at most `dim` when it is not a
+    constant; a scalar index 1."""
+    if not (hasattr(index, "size") and hasattr(index, "start")):
+        return 1
+    try:
+        return int(index.size)
+    except TypeError:  # a traced size (a jaxpr Var)
+        return int(dim)
 
 
 def _has(jaxpr: Any, names: frozenset[str]) -> bool:

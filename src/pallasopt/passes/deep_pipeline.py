@@ -104,6 +104,10 @@ def decline_reason(call: CallFacts) -> str:
         return "no grid axis with more than one step"
     if any(not _tile_aligned(o) for o in call.operands if o.is_pipelined):
         return "a block's minor two dims are not multiples of (8, 128) or whole: emit_pipeline's HBM blocks must be"
+    if any(o.is_pipelined and _ragged(o.shape, o.block_shape) for o in call.operands):
+        # the inner pipeline then DMAs blocks of a size known only at run time, which the TPU interpreter rejects
+        # (a cdiv grid's last block, or a block wider than its array): the rewrite could never be verified
+        return "a block that does not divide its array (a partial last block): emit_pipeline's DMAs then take a run-time size"
     if call.dynamic_axes:
         return "a grid extent known only at run time"
     if call.body.has_dma:
@@ -115,6 +119,10 @@ def decline_reason(call: CallFacts) -> str:
     if not deep_inputs(call):
         return "no blocked input whose block changes between steps"
     return ""
+
+
+def _ragged(shape: tuple[int, ...], block: tuple[int | None, ...]) -> bool:
+    return any(b is not None and d % b != 0 for d, b in zip(shape, block, strict=False))
 
 
 def deep_inputs(call: CallFacts) -> tuple[int, ...]:
