@@ -31,6 +31,7 @@ from .single_buffer import SingleBufferPass
 from .skip_masked_blocks import SkipMaskedBlocksPass
 from .skip_masked_chunks import SkipMaskedChunksPass
 from .skip_masked_groups import SkipMaskedGroupsPass
+from .smem_partials import SmemPartialsPass
 from .stage_masked import StageMaskedPass
 from .stream_chunks import StreamChunksPass
 from .tile import TilePass
@@ -61,6 +62,7 @@ PASSES: tuple[type[Pass], ...] = (
     PadInKernelPass,
     ReshapeInKernelPass,
     CoarsenPass,
+    SmemPartialsPass,
     LaneDensePass,
     LaneDenseStatsPass,
     CostEstimatePass,
