@@ -560,6 +560,22 @@ PROGRAM_ID = m.Call(
 )
 
 
+def own_kernel(
+    loc: Located, calls: Sequence[CallFacts], facts: CallFacts, node: cst.Call
+) -> tuple[cst.FunctionDef, tuple[str, ...]]:
+    """The module-level kernel function pallas_call `node` (`facts`) runs, and its ref names, one per operand and
+    scratch buffer, for a pass that rewrites the body; declines where there is none, where it runs in another call
+    too (the rewrite would change that one) or where it takes *args."""
+    kernel = kernel_function(loc, node)
+    check(kernel is not None, "cannot find the kernel function (a module-level def the call runs)")
+    assert kernel is not None
+    check(not shared_kernel(loc, calls, facts.index, kernel), "the kernel function runs in another call too")
+    refs = kernel_refs(kernel)
+    check(refs is not None and len(refs) == len(facts.operands) + len(facts.scratch), "the kernel takes *args")
+    assert refs is not None
+    return kernel, refs
+
+
 def helper_reading_program_id(module: cst.Module, kernel: cst.FunctionDef) -> str | None:
     """The name of a function outside `kernel` (not nested in it) that the kernel calls and that reads
     program_id / num_programs (a rewrite renumbering or rescaling the kernel's axes would not reach it); None."""

@@ -27,12 +27,10 @@ from ..ir.matchers import (
     grid_spec_keyword,
     helper_reading_program_id,
     jnp_alias,
-    kernel_function,
-    kernel_refs,
     module_names,
+    own_kernel,
     pl_alias,
     resolve,
-    shared_kernel,
     spec_nodes,
     used_names,
 )
@@ -91,13 +89,7 @@ class CoarsenPass(Pass):
         check(extent % self.by == 0, f"grid axis {self.axis} has {extent} steps, not a multiple of {self.by}")
         loc = Located.of(ir.module)
         node = find_call_node(loc, facts)
-        kernel = kernel_function(loc, node)
-        check(kernel is not None, "cannot find the kernel function (a module-level def the call runs)")
-        assert kernel is not None
-        check(not shared_kernel(loc, ir.calls, facts.index, kernel), "the kernel function runs in another call too")
-        refs = kernel_refs(kernel)
-        check(refs is not None and len(refs) == len(facts.operands) + len(facts.scratch), "the kernel takes *args")
-        assert refs is not None
+        kernel, refs = own_kernel(loc, ir.calls, facts, node)
         helper = helper_reading_program_id(loc.wrapper.module, kernel)  # it would read the new step's index
         check(helper is None, f"the kernel's helper {helper} uses program_id")
         module = loc.wrapper.module
@@ -142,8 +134,8 @@ def looped(
     axis: int,
     row: str,
     pl: str,
-    ranks: Mapping[str, int] | None = None,
-    jnp: str | None = None,
+    ranks: Mapping[str, int],
+    jnp: str | None,
 ) -> cst.FunctionDef:
     """The kernel with its body in `for row in range(ref.shape[d])` (a walked ref's rows per block): each ref in
     `dims` indexed at `row` instead of a literal 0 in its dim, `program_id(axis)` the old step's index (declines any
@@ -163,7 +155,7 @@ def looped(
     # (`tile` sees `by` in the grid and specs as a block knob) leaves the loop and the step's first row in step.
     ref, d = list(dims.items())[-1]  # the last walked ref: an output where one is walked
     rows = f"{ref}.shape[{d}]"
-    inner = cst.IndentedBlock(body=stmts[len(doc) :]).visit(_Rows(dims, axis, rows, row, pl, ranks or {}, jnp))
+    inner = cst.IndentedBlock(body=stmts[len(doc) :]).visit(_Rows(dims, axis, rows, row, pl, ranks, jnp))
     assert isinstance(inner, cst.IndentedBlock)
     loop = cst.For(target=cst.Name(row), iter=cst.parse_expression(f"range({rows})"), body=inner)
     return kernel.with_changes(body=body.with_changes(body=[*doc, loop]))

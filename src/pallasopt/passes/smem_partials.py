@@ -19,11 +19,9 @@ from ..ir.matchers import (
     code,
     find_call_node,
     jnp_alias,
-    kernel_function,
-    kernel_refs,
+    own_kernel,
     pl_alias,
     pltpu_alias,
-    shared_kernel,
     spec_nodes,
 )
 from .base import Pass
@@ -107,13 +105,7 @@ class SmemPartialsPass(Pass):
         check(isinstance(spec, cst.Call), "the output's BlockSpec is not written as a call")
         assert isinstance(spec, cst.Call) and jnp is not None
         check(sum(s is spec for s in specs) == 1, "the output's BlockSpec is shared with another operand")
-        kernel = kernel_function(loc, node)
-        check(kernel is not None, "cannot find the kernel function (a module-level def the call runs)")
-        assert kernel is not None
-        check(not shared_kernel(loc, ir.calls, facts.index, kernel), "the kernel function runs in another call too")
-        refs = kernel_refs(kernel)
-        check(refs is not None and len(refs) == len(facts.operands) + len(facts.scratch), "the kernel takes *args")
-        assert refs is not None
+        kernel, refs = own_kernel(loc, ir.calls, facts, node)
         ref = refs[self.output]
         index = ", ".join(f"{pl}.program_id({a})" for a in axes)
         edits: dict[cst.CSTNode, cst.CSTNode] = {
