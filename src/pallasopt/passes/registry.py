@@ -32,6 +32,7 @@ from .skip_masked_blocks import SkipMaskedBlocksPass
 from .skip_masked_chunks import SkipMaskedChunksPass
 from .skip_masked_groups import SkipMaskedGroupsPass
 from .smem_partials import SmemPartialsPass
+from .split_k import SplitKPass
 from .stage_masked import StageMaskedPass
 from .stream_chunks import StreamChunksPass
 from .tile import TilePass
@@ -54,6 +55,7 @@ PASSES: tuple[type[Pass], ...] = (
     StageMaskedPass,
     StreamChunksPass,
     OnlineSoftmaxPass,
+    SplitKPass,
     FusePass,
     EpiloguePass,
     FoldLastStepPass,
