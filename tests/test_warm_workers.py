@@ -336,3 +336,14 @@ def test_a_check_that_crashes_or_hangs_costs_one_worker() -> None:
         assert after.status == "mismatch" and pool.started == 3
     finally:
         pool.close()
+
+
+def test_a_pool_never_closed_leaves_no_folder_behind() -> None:
+    """A process that ends without closing its pool (a test, a script, a run stopped early) left one
+    `pallasopt-warm-*` folder in the temp dir per pool (31 of them here in one day); removed at exit now."""
+    code = "from pallasopt.harness.warm import worker_pool; p = worker_pool(None, 5); print(p._root)"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    root = Path(out.stdout.strip())
+    assert root.name.startswith("pallasopt-warm-")
+    assert not root.exists()

@@ -13,6 +13,7 @@ the pool's owner (the local executor) closes it at the end of a run.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -204,6 +205,8 @@ class WarmPool:
         self._lock = threading.Lock()
         self._closed = False
         self._root = Path(tempfile.mkdtemp(prefix="pallasopt-warm-"))
+        # a pool nobody closed (a process ending without close) still leaves no folder in the temp dir
+        atexit.register(shutil.rmtree, self._root, ignore_errors=True)
         self.started = 0  # workers started so far (tests read it)
 
     def acquire(self, timeout_s: float) -> WarmWorker:
