@@ -267,3 +267,54 @@ def test_check_dims_keep_a_dim_that_sizes_nothing_at_its_default() -> None:
     )
     dims = import_check_dims(source, "scaled.py")
     assert dims is not None and dims["M"] < 8192 and dims["scale"] == 2, dims
+
+
+def _cut_reply(at: str) -> str:
+    """The fixture LLM reply cut off just before `at` (its ```python block then never closed)."""
+    reply = read_file(KB / "gemm_bias_relu_reply.md")
+    assert at in reply
+    return reply[: reply.index(at)]
+
+
+def test_a_reply_cut_off_after_a_whole_statement_is_taken_as_it_stands() -> None:
+    # 28 of the gemini3 kernels JAXBench ships end so (e.g. 10_3D_tensor_matrix_multiplication, cut after its
+    # module constants); they were refused as "not Python" before.
+    text = _cut_reply("\n```\n")
+    k = extract_code(text, "reply.md")
+    assert k.cut_off and k.extracted and k.first_line == 5 and "class Model" in k.code
+    last = text.rstrip("\n").count("\n") + 1
+    (note,) = k.notes()
+    assert f"cut off after line {last}" in note and "`pallasopt check` tells whether it is whole" in note
+    assert not extract_code(read_file(KB / "gemm_bias_relu_reply.md"), "reply.md").notes()
+
+
+def test_a_plain_python_file_cut_off_mid_statement_says_so() -> None:
+    with pytest.raises(KernelError) as e:
+        extract_code(
+            "import jax\n\n\ndef f(x):\n    return x\n\n\nclass Model:\n    def forward(self, x):\n        return f(x",
+            "k.py",
+        )
+    assert e.value.line == 10 and "stops parsing in its last statement: '(' was never closed (it looks cut off)" in str(
+        e.value
+    )
+    with pytest.raises(KernelError, match="not Python"):  # broken in the middle: not a cut
+        extract_code("import jax\ndef f(:\n    pass\n\n\nx = 1\ny = 2\nz = 3\n", "k.py")
+
+
+def test_import_of_a_cut_reply_notes_it_and_checks(tmp_path: Path) -> None:
+    reply, out = tmp_path / "cut.md", tmp_path / "cut.py"
+    reply.write_text(_cut_reply("\n```\n"))
+    r = pallasopt("import", str(KB / "gemm_bias_relu.py"), "--kernel", str(reply), "-o", str(out), "--fix-api")
+    assert r.returncode == 0, r.stderr
+    assert "note: the reply's ```python block (line 5) is never closed" in r.stdout
+    assert "# Note: the reply's ```python block (line 5) is never closed" in out.read_text()
+    r = pallasopt("check", str(out))
+    assert r.returncode == 0 and r.stdout.startswith("PASS"), r.stdout + r.stderr
+
+
+def test_import_of_a_reply_cut_before_its_model_names_the_cut(tmp_path: Path) -> None:
+    reply, out = tmp_path / "cut.md", tmp_path / "cut.py"
+    reply.write_text(_cut_reply("class Model:"))
+    r = pallasopt("import", str(KB / "gemm_bias_relu.py"), "--kernel", str(reply), "-o", str(out), "--fix-api")
+    assert r.returncode == 3 and not out.exists()
+    assert "defines none of `class Model`" in r.stderr and "the LLM reply was cut off after line" in r.stderr

@@ -226,7 +226,7 @@ def to_kernel_module(
         "# below is generated (ENTRY, reference, make_inputs, TOLERANCE, CHECK_DIMS) and runs the task's own code.",
     ]
     header += [f"# API drift fixed: {d}" for d in fixed]
-    header += [f"# Note: {_safe(n)}" for n in sw.notes]
+    header += [f"# Note: {_safe(n)}" for n in (*kernel.notes(), *sw.notes)]
     pieces = [*header, kernel.code.rstrip("\n"), "", "", _MARKER, "", *_embedded_suite(sw), ""]
     pieces += [f"ENTRY = {ENTRY_NAME!r}", f"TOLERANCE = {sw.tolerance!r}  # the suite's own correctness check"]
     if check_dims:

@@ -37,7 +37,7 @@ def read_kernel(path: Path, *, fix: bool) -> tuple[KernelCode, tuple[str, ...]]:
     fixed: tuple[str, ...] = ()
     if fix:
         code, done = fix_api(kernel.code)
-        kernel = KernelCode(code, kernel.path, kernel.extracted, kernel.first_line)
+        kernel = KernelCode(code, kernel.path, kernel.extracted, kernel.first_line, kernel.cut_off)
         fixed = tuple(f"{d.name} (line {d.line + kernel.first_line - 1}) -> {d.replacement}" for d in done)
     drift = find_drift(kernel.code)
     if drift:
@@ -63,7 +63,10 @@ def import_task(
         sw = load_task(task, case=case, dtype=dtype)
         return Imported(to_kernel_module_template(sw), True, None, (), None, sw.notes)
     kernel, fixed = read_kernel(kpath, fix=fix)
-    kind = kernel_kind(kernel.code, kernel.path)
+    try:
+        kind = kernel_kind(kernel.code, kernel.path)
+    except KernelError as e:
+        raise _cut_off(kernel, e) from None
     sw = load_task(task, case=case, dtype=dtype)
     text = to_kernel_module(sw, kernel, kind, fixed=fixed)
     dims = None
@@ -73,13 +76,27 @@ def import_task(
         try:
             dims = import_check_dims(text, str(out_path or Path(kpath).with_suffix(".pallasopt.py")))
         except KernelError as e:
-            raise _input_mismatch(kernel, sw) or e from None
+            raise _input_mismatch(kernel, sw) or _cut_off(kernel, e) from None
         text = to_kernel_module(sw, kernel, kind, fixed=fixed, check_dims=dims)
-    return Imported(text, False, str(kpath), fixed, dims, sw.notes)
+    return Imported(text, False, str(kpath), fixed, dims, (*kernel.notes(), *sw.notes))
 
 
 def _shapes(structs: Any) -> list[str]:
     return [f"{a.dtype}{list(a.shape)}" for a in jax.tree.leaves(structs) if hasattr(a, "shape")]
+
+
+def _cut_off(kernel: KernelCode, e: KernelError) -> KernelError:
+    """`e`, saying where the reply was cut off when it was (the likely cause of a kernel that does not run)."""
+    if not kernel.cut_off:
+        return e
+    last = kernel.first_line + kernel.code.rstrip("\n").count("\n")
+    return KernelError(
+        f"{e.message}; the LLM reply was cut off after line {last} of {kernel.path} (its ```python block is never "
+        "closed), so the kernel may be incomplete",
+        path=e.path,
+        line=e.line,
+        hint="generate the kernel again, or complete the module by hand",
+    )
 
 
 def _input_mismatch(kernel: KernelCode, sw: SuiteWorkload) -> KernelError | None:

@@ -26,6 +26,17 @@ class KernelCode:
     path: str
     extracted: bool = False
     first_line: int = 1  # the line of the original file where `code` starts
+    cut_off: bool = False  # the reply's ```python block is never closed (its code parses and is taken as it stands)
+
+    def notes(self) -> tuple[str, ...]:
+        """What a user should know about where the code came from (one line each)."""
+        if not self.cut_off:
+            return ()
+        last = self.first_line + self.code.rstrip("\n").count("\n")
+        return (
+            f"the reply's ```python block (line {self.first_line}) is never closed: the reply looks cut off after "
+            f"line {last}; its code parses and is used as it stands (`pallasopt check` tells whether it is whole)",
+        )
 
 
 def _parse(text: str) -> ast.Module | SyntaxError:
@@ -55,9 +66,35 @@ def extract_code(text: str, path: str) -> KernelCode:
         ):
             blocks.append((len(body), text[: m.start(2)].count("\n") + 1, body))
     if not blocks:
+        cut = _unclosed_block(text, path)
+        if cut is not None:
+            return cut
         raise _no_module(text, path, whole)
     _, line, body = max(blocks)
     return KernelCode(body, path, extracted=True, first_line=line)
+
+
+def _unclosed_block(text: str, path: str) -> KernelCode | None:
+    """The code of a reply whose ```python block is never closed (an LLM reply cut off mid-generation: 28 of the
+    gemini3 kernels JAXBench ships end that way after a whole statement) when it parses and defines something."""
+    opened = _OPEN_FENCE.search(text)
+    if opened is None or "```" in text[opened.end() :]:
+        return None
+    body = text[opened.end() :]
+    tree = _parse(body)
+    if not isinstance(tree, ast.Module) or not any(
+        isinstance(n, ast.FunctionDef | ast.ClassDef | ast.Assign | ast.Import | ast.ImportFrom) for n in tree.body
+    ):
+        return None
+    first = text[: opened.end()].count("\n") + 1
+    return KernelCode(body, path, extracted=True, first_line=first, cut_off=True)
+
+
+def _looks_cut_off(text: str, err: SyntaxError) -> bool:
+    """A file that stops parsing at its end: the failure is in its last three lines, or an opening bracket or string
+    that is never closed (Python names the line it opened on)."""
+    msg = err.msg or ""
+    return (err.lineno or 0) >= len(text.splitlines()) - 2 or "never closed" in msg or "unterminated" in msg
 
 
 def _no_module(text: str, path: str, whole: SyntaxError) -> KernelError:
@@ -76,6 +113,13 @@ def _no_module(text: str, path: str, whole: SyntaxError) -> KernelError:
                 line=first + (err.lineno or 1) - 1,
                 hint="generate the kernel again, or complete the module by hand",
             )
+    if opened is None and _looks_cut_off(text, whole):
+        return KernelError(
+            f"the file stops parsing in its last statement: {whole.msg} (it looks cut off)",
+            path=path,
+            line=whole.lineno,
+            hint="generate the kernel again, or complete the module by hand",
+        )
     return KernelError(
         f"not Python and no ```python block in it parses: {whole.msg}", path=path, line=whole.lineno, hint=hint
     )
