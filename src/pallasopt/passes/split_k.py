@@ -84,7 +84,7 @@ def plan(ir: KernelIR, facts: CallFacts, dims: dict[str, int] | None = None) -> 
     two operands are whole reads of input refs (through transposes and casts only) used nowhere else."""
     jaxpr: Any = kernel_jaxpr(ir, facts.index, dims)
     dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
-    nested = [e for e in jaxpr.eqns for sub in subjaxprs(e) for x in sub.eqns if x.primitive.name == "dot_general"]
+    nested = [x for e in jaxpr.eqns for x in _inner_eqns(e) if x.primitive.name == "dot_general"]
     check(not nested, "a dot inside a loop or branch of the kernel: split-k takes one dot in its straight-line body")
     check(len(dots) == 1, f"{len(dots)} dots in the kernel: split-k takes a kernel with one")
     (dot,) = dots
@@ -120,6 +120,15 @@ def plan(ir: KernelIR, facts: CallFacts, dims: dict[str, int] | None = None) -> 
         *((1, sides[1].ref_dims[d]) for d in rhs_free),
     )
     return Plan((sides[0], sides[1]), ks.pop(), tuple(out_dims), str(dot.outvars[0].aval.dtype))
+
+
+def _inner_eqns(eqn: Any) -> list[Any]:
+    """Every equation inside `eqn`'s sub-jaxprs (loops, branches), at any depth."""
+    out: list[Any] = []
+    for sub in subjaxprs(eqn):
+        for e in sub.eqns:
+            out.extend([e, *_inner_eqns(e)])
+    return out
 
 
 def _use_counts(jaxpr: Any) -> dict[int, int]:
