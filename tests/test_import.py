@@ -6,12 +6,14 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallasopt.adapters.kernel_source import extract_code, find_drift, fix_api
+from pallasopt.adapters.kernel_source import extract_code, find_drift, find_ref_slices, fix_api
 from pallasopt.adapters.kernelbench import kernelbench_from_source, module_dims
 from pallasopt.errors import KernelError
 from pallasopt.workload import load, read_file
@@ -87,7 +89,7 @@ def test_import_llm_reply_refuses_drift_then_fixes_it_and_checks(tmp_path: Path)
 
     r = pallasopt("import", task, "--kernel", reply, "-o", str(out), "--fix-api")
     assert r.returncode == 0, r.stderr
-    assert "fixed API drift: pltpu.repeat (line 13)" in r.stdout
+    assert "fixed by --fix-api: pltpu.repeat (line 13)" in r.stdout
     wl = load(out)
     assert wl.spec.entry == "pallasopt_entry" and wl.check_dims is not None
     assert all(v >= 128 for v in wl.check_dims.values())  # never degenerate (in_features is not cut to 1)
@@ -318,3 +320,65 @@ def test_import_of_a_reply_cut_before_its_model_names_the_cut(tmp_path: Path) ->
     r = pallasopt("import", str(KB / "gemm_bias_relu.py"), "--kernel", str(reply), "-o", str(out), "--fix-api")
     assert r.returncode == 3 and not out.exists()
     assert "defines none of `class Model`" in r.stderr and "the LLM reply was cut off after line" in r.stderr
+
+
+REF_SLICES = """import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def kernel(a_ref, b_ref, o_ref):
+    bk = 128
+
+    def body(k, acc):
+        a = a_ref[:, k * bk:(k + 1) * bk]
+        b = b_ref[k * bk : k * bk + bk, :]
+        return acc + jnp.dot(a, b)
+
+    o_ref[...] = jax.lax.fori_loop(0, a_ref.shape[1] // bk, body, jnp.zeros(o_ref.shape))
+    o_ref[:, 0:8] = o_ref[:, 0:8]  # static: left alone
+
+
+def forward(a, b):
+    x = a[1:1 + 4]  # an array, not a ref: left alone
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), a.dtype))(a, b)
+"""
+
+
+def _module(src: str) -> dict[str, Any]:
+    env: dict[str, Any] = {}
+    exec(compile(src, "k.py", "exec"), env)  # our own fixture
+    return env
+
+
+def test_ref_slices_at_run_time_offsets_become_pl_ds() -> None:
+    # gpt53's 13_Matmul_for_symmetric_matrices, gemini3's 86_Matmul_Divide_GELU and more JAXBench kernels slice refs
+    # at a fori_loop's index; JAX cannot trace that (TracerBoolConversionError)
+    found = find_ref_slices(REF_SLICES)
+    assert [(d.line, d.name, d.replacement) for d in found] == [
+        (10, "k * bk:(k + 1) * bk", "pl.ds(k * bk, bk)"),
+        (11, "k * bk : k * bk + bk", "pl.ds(k * bk, bk)"),
+    ]
+    fixed, done = fix_api(REF_SLICES)
+    assert done == found and "a_ref[:, pl.ds(k * bk, bk)]" in fixed and "b_ref[pl.ds(k * bk, bk), :]" in fixed
+    assert "o_ref[:, 0:8]" in fixed and "a[1:1 + 4]" in fixed  # a static slice and an array's: left alone
+    a = jax.random.normal(jax.random.key(0), (16, 256), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (256, 128), jnp.float32)
+    with pytest.raises(Exception, match=r"TracerBoolConversion|static integers"):
+        jax.make_jaxpr(_module(REF_SLICES)["forward"])(a, b)
+    run = _module(fixed.replace("pl.pallas_call(kernel, ", "pl.pallas_call(kernel, interpret=True, "))["forward"]
+    np.testing.assert_allclose(np.asarray(run(a, b)), np.asarray(a @ b), rtol=1e-4, atol=1e-4)
+
+
+def test_import_of_a_kernel_slicing_refs_hints_then_fixes_and_checks(tmp_path: Path) -> None:
+    out = tmp_path / "gemm.py"
+    task, kernel = str(KB / "gemm_bias_relu.py"), str(KB / "gemm_ref_slices.py")
+    r = pallasopt("import", task, "--kernel", kernel, "-o", str(out))
+    assert r.returncode == 3 and not out.exists()
+    assert "the kernel slices refs at run-time offsets (line 11: k * 128:(k + 1) * 128)" in r.stderr
+    assert "`pallasopt import --fix-api` rewrites them as pl.ds(k * 128, 128)" in r.stderr
+    r = pallasopt("import", task, "--kernel", kernel, "-o", str(out), "--fix-api")
+    assert r.returncode == 0, r.stderr
+    assert "fixed by --fix-api: k * 128:(k + 1) * 128 (x_ref sliced at a run-time offset) (line 11)" in r.stdout
+    r = pallasopt("check", str(out))
+    assert r.returncode == 0 and r.stdout.startswith("PASS"), r.stdout + r.stderr

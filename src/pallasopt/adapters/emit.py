@@ -225,7 +225,7 @@ def to_kernel_module(
         "# Written by `pallasopt import`. The kernel's code comes first, as written; the harness after the marker",
         "# below is generated (ENTRY, reference, make_inputs, TOLERANCE, CHECK_DIMS) and runs the task's own code.",
     ]
-    header += [f"# API drift fixed: {d}" for d in fixed]
+    header += [f"# Fixed by --fix-api: {d}" for d in fixed]
     header += [f"# Note: {_safe(n)}" for n in (*kernel.notes(), *sw.notes)]
     pieces = [*header, kernel.code.rstrip("\n"), "", "", _MARKER, "", *_embedded_suite(sw), ""]
     pieces += [f"ENTRY = {ENTRY_NAME!r}", f"TOLERANCE = {sw.tolerance!r}  # the suite's own correctness check"]

@@ -15,7 +15,7 @@ from ..errors import ExitCode, KernelError, UsageError, UserError
 from ..workload import exec_module, read_file
 from ._common import SuiteWorkload, parse_source, top_names
 from .emit import ENTRY_NAME, to_kernel_module, to_kernel_module_template
-from .kernel_source import KernelCode, drift_error, extract_code, find_drift, fix_api
+from .kernel_source import KernelCode, drift_error, extract_code, find_drift, find_ref_slices, fix_api
 from .tasks import FORMATS, Task, kernel_kind, load_task, locate
 
 
@@ -38,7 +38,7 @@ def read_kernel(path: Path, *, fix: bool) -> tuple[KernelCode, tuple[str, ...]]:
     if fix:
         code, done = fix_api(kernel.code)
         kernel = KernelCode(code, kernel.path, kernel.extracted, kernel.first_line, kernel.cut_off)
-        fixed = tuple(f"{d.name} (line {d.line + kernel.first_line - 1}) -> {d.replacement}" for d in done)
+        fixed = tuple(d.describe(kernel.first_line) for d in done)
     drift = find_drift(kernel.code)
     if drift:
         raise drift_error(drift[0], kernel.path, kernel.first_line)
@@ -76,13 +76,29 @@ def import_task(
         try:
             dims = import_check_dims(text, str(out_path or Path(kpath).with_suffix(".pallasopt.py")))
         except KernelError as e:
-            raise _input_mismatch(kernel, sw) or _cut_off(kernel, e) from None
+            raise _input_mismatch(kernel, sw) or _ref_slices(kernel, _cut_off(kernel, e), fix) from None
         text = to_kernel_module(sw, kernel, kind, fixed=fixed, check_dims=dims)
     return Imported(text, False, str(kpath), fixed, dims, (*kernel.notes(), *sw.notes))
 
 
 def _shapes(structs: Any) -> list[str]:
     return [f"{a.dtype}{list(a.shape)}" for a in jax.tree.leaves(structs) if hasattr(a, "shape")]
+
+
+def _ref_slices(kernel: KernelCode, e: KernelError, fixed: bool) -> KernelError:
+    """`e` with a hint where the kernel slices refs at run-time offsets and `--fix-api` was not given (the usual
+    reason such a kernel does not trace)."""
+    found = () if fixed else find_ref_slices(kernel.code)
+    if not found:
+        return e
+    where = found[0].line + kernel.first_line - 1
+    return KernelError(
+        e.message,
+        path=e.path,
+        line=e.line,
+        hint=f"the kernel slices refs at run-time offsets (line {where}: {found[0].name}), which Pallas does not "
+        f"trace: `pallasopt import --fix-api` rewrites them as {found[0].replacement}",
+    )
 
 
 def _cut_off(kernel: KernelCode, e: KernelError) -> KernelError:
@@ -222,7 +238,7 @@ def _tell(out: Path, task: Task, imported: Imported) -> None:
         print(f"wrote {out}: entry {ENTRY_NAME} = {imported.kernel} on the {task.fmt} task {task.path}{dims}")
         print(f"next: pallasopt check {out} && pallasopt run {out} --target v6e")
     for f in imported.fixed:
-        print(f"fixed API drift: {f}")
+        print(f"fixed by --fix-api: {f}")
     for note in imported.notes:
         print(f"note: {note}")
 

@@ -130,13 +130,20 @@ def _no_module(text: str, path: str, whole: SyntaxError) -> KernelError:
 
 @dataclass(frozen=True)
 class Drift:
-    """A Pallas name the kernel uses that the installed JAX no longer has, and what replaces it."""
+    """A Pallas name the kernel uses that the installed JAX no longer has, or a use of the API it never took (a ref
+    sliced at a run-time offset), and what replaces it."""
 
     line: int
     col: int
     name: str  # as written, e.g. "pltpu.repeat"
     replacement: str
     fixable: bool  # `fix_api` can rewrite it
+    what: str = ""  # what the text is, when not a removed name
+
+    def describe(self, first_line: int = 1) -> str:
+        """`name (line N) -> replacement`, with what it is when not a removed name."""
+        what = f" ({self.what})" if self.what else ""
+        return f"{self.name}{what} (line {self.line + first_line - 1}) -> {self.replacement}"
 
 
 # module path -> attribute -> (replacement text, fixable by `fix_api`)
@@ -215,11 +222,109 @@ def drift_error(drift: Drift, path: str, first_line: int = 1) -> KernelError:
     )
 
 
+def _kernel_refs(tree: ast.Module) -> set[str]:
+    """Names that stand for refs in the module's kernels: the parameters of functions a `pallas_call` runs (by name,
+    through `functools.partial` or a forwarding lambda), and any parameter named `*_ref`."""
+    kernels: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _dotted(node.func) in (
+            "pallas_call",
+            *(f"{a}.pallas_call" for a in ("pl", "pallas")),
+        ):
+            first = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "kernel"), None)
+            while isinstance(first, ast.Call) and first.args:  # functools.partial(kernel, ...)
+                first = first.args[0]
+            if isinstance(first, ast.Lambda) and isinstance(first.body, ast.Call):
+                first = first.body.func
+            if isinstance(first, ast.Name):
+                kernels.add(first.id)
+    refs: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.Lambda):
+            params = [*node.args.posonlyargs, *node.args.args]
+            if isinstance(node, ast.FunctionDef) and node.name in kernels:
+                refs.update(a.arg for a in params)
+            refs.update(a.arg for a in params if a.arg.endswith("_ref"))
+    return refs
+
+
+def _same(a: ast.AST, b: ast.AST) -> bool:
+    return ast.dump(a) == ast.dump(b)
+
+
+def _slice_size(sl: ast.Slice) -> ast.AST | None:
+    """The size of a slice `lo:hi` written as `a : a + n` or `i * n : (i + 1) * n` (either operand order) with a
+    start that is not a literal: `n`; None for any other slice."""
+    lo, hi = sl.lower, sl.upper
+    if lo is None or hi is None or sl.step is not None or isinstance(lo, ast.Constant):
+        return None
+    if isinstance(hi, ast.BinOp) and isinstance(hi.op, ast.Add):
+        if _same(hi.left, lo):
+            return hi.right
+        if _same(hi.right, lo):
+            return hi.left
+    if (
+        isinstance(lo, ast.BinOp)
+        and isinstance(lo.op, ast.Mult)
+        and isinstance(hi, ast.BinOp)
+        and isinstance(hi.op, ast.Mult)
+    ):
+        for i, n in ((lo.left, lo.right), (lo.right, lo.left)):
+            for inc, m in ((hi.left, hi.right), (hi.right, hi.left)):
+                one = ast.Constant(1)
+                if (
+                    _same(m, n)
+                    and isinstance(inc, ast.BinOp)
+                    and isinstance(inc.op, ast.Add)
+                    and (
+                        (_same(inc.left, i) and _same(inc.right, one)) or (_same(inc.right, i) and _same(inc.left, one))
+                    )
+                ):
+                    return n
+    return None
+
+
+def find_ref_slices(code: str) -> tuple[Drift, ...]:
+    """Slices of refs at run-time offsets (`x_ref[:, k0:k0 + bk]`, `w_ref[k * BK:(k + 1) * BK, :]`): Pallas
+    indexes a ref only with static Python slices or `pl.ds(start, size)`, and tracing such a slice fails
+    (TracerBoolConversionError): 6 of JAXBench's gemini3 and gpt53 kernels slice refs so (two more slice loaded
+    arrays, which this leaves alone). Each becomes `pl.ds(start, size)`, which means the same for a static start."""
+    tree = parse_module(code)
+    refs = _kernel_refs(tree)
+    pl = module_alias_ast(tree)
+    found: list[Drift] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in refs):
+            continue
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        for part in parts:
+            size = _slice_size(part) if isinstance(part, ast.Slice) else None
+            if size is None or part.end_lineno != part.lineno or part.end_col_offset is None:
+                continue
+            assert isinstance(part, ast.Slice) and part.lower is not None
+            text = ast.get_source_segment(code, part) or ""
+            new = f"{pl}.ds({ast.unparse(part.lower)}, {ast.unparse(size)})"
+            found.append(
+                Drift(part.lineno, part.col_offset, text, new, True, f"{node.value.id} sliced at a run-time offset")
+            )
+    return tuple(sorted(found, key=lambda d: (d.line, d.col)))
+
+
+def module_alias_ast(tree: ast.Module) -> str:
+    """The name the module binds `jax.experimental.pallas` to (`_pallasopt_pl`, appended by `fix_api`, if none)."""
+    for name, path in _aliases(tree).items():
+        if path == "jax.experimental.pallas":
+            return name
+    return _PALLAS_ALIAS
+
+
 def fix_api(code: str) -> tuple[str, tuple[Drift, ...]]:
-    """Rewrite the fixable drift (names, and `pltpu.repeat` calls into a helper appended to the module)."""
+    """Rewrite the fixable drift (names, and `pltpu.repeat` calls into a helper appended to the module) and ref
+    slices at run-time offsets (`find_ref_slices`)."""
+    code, sliced = _fix_ref_slices(code)
     drifts = [d for d in find_drift(code) if d.fixable]
     if not drifts:
-        return code, ()
+        return code, sliced
     lines = code.splitlines(keepends=True)
     uses_repeat = uses_pl = False
     for d in sorted(drifts, key=lambda d: (d.line, d.col), reverse=True):
@@ -238,13 +343,34 @@ def fix_api(code: str) -> tuple[str, tuple[Drift, ...]]:
             continue  # written across lines or with spaces: leave it, the drift check still reports it
         lines[d.line - 1] = (raw[: d.col] + new.encode("utf-8") + raw[end:]).decode("utf-8")
     out = "".join(lines)
-    if uses_pl:
+    if uses_pl and f"as {_PALLAS_ALIAS}  #" not in out:
         out = (
             out.rstrip("\n") + f"\n\nimport jax.experimental.pallas as {_PALLAS_ALIAS}  # pallasopt import --fix-api\n"
         )
     if uses_repeat:
         out = out.rstrip("\n") + "\n\n\n" + _REPEAT_SOURCE
-    return out, tuple(drifts)
+    return out, (*sliced, *drifts)
+
+
+def _fix_ref_slices(code: str) -> tuple[str, tuple[Drift, ...]]:
+    found = find_ref_slices(code)
+    if not found:
+        return code, ()
+    lines = code.splitlines(keepends=True)
+    done: list[Drift] = []
+    for d in sorted(found, key=lambda d: (d.line, d.col), reverse=True):
+        raw = lines[d.line - 1].encode("utf-8")
+        end = d.col + len(d.name.encode("utf-8"))
+        if raw[d.col : end].decode("utf-8") != d.name:
+            continue
+        lines[d.line - 1] = (raw[: d.col] + d.replacement.encode("utf-8") + raw[end:]).decode("utf-8")
+        done.append(d)
+    out = "".join(lines)
+    if any(d.replacement.startswith(f"{_PALLAS_ALIAS}.") for d in done):
+        out = (
+            out.rstrip("\n") + f"\n\nimport jax.experimental.pallas as {_PALLAS_ALIAS}  # pallasopt import --fix-api\n"
+        )
+    return out, tuple(sorted(done, key=lambda d: (d.line, d.col)))
 
 
 _REPEAT_SOURCE = f'''def {REPEAT_HELPER}(x, repeats, axis=0):
