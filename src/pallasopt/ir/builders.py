@@ -171,3 +171,16 @@ def operand_text(expr: cst.BaseExpression) -> str:
     attribute, a call or a subscript."""
     simple = isinstance(expr, cst.Name | cst.Attribute | cst.Call | cst.Subscript)
     return code(expr) if simple else f"({code(expr)})"
+
+
+def replace_arg(call: cst.Call, old: cst.BaseExpression, new: cst.BaseExpression) -> cst.Call:
+    """`call` with the argument whose value is `old` (by identity) taking the value `new`."""
+    return call.with_changes(args=[a.with_changes(value=new) if a.value is old else a for a in call.args])
+
+
+def parse_statements(text: str) -> list[cst.BaseStatement]:
+    """The statements of `text`, their blank lines unindented (so they print cleanly wherever they are placed)."""
+    return [
+        st.with_changes(leading_lines=[cst.EmptyLine(indent=False) for _ in st.leading_lines])
+        for st in cst.parse_module(text).body
+    ]

@@ -98,6 +98,10 @@ class Operand:
     def is_pipelined(self) -> bool:
         return self.memory_space in ("vmem", "default")
 
+    def block_dim_of(self, ref_dim: int) -> int:
+        """The block dim a dim of the kernel's ref stands for (squeezed `None` dims are not in the kernel's ref)."""
+        return [i for i, b in enumerate(self.block_shape) if b is not None][ref_dim]
+
     @property
     def name(self) -> str:
         return f"{self.role}{self.position}"

@@ -11,7 +11,6 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
-from ..cost_model.roofline import vmem_footprint
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.builders import (
     affine_results,
@@ -62,7 +61,7 @@ from ..ir.matchers import (
 )
 from .base import Pass
 from .tile import TilePass, knobs_of
-from .vmem_limit import smallest_step
+from .vmem_limit import needed_step
 
 # Keywords of the consumer's pallas_call that describe its old grid: dropped from the fused call (later passes
 # re-derive dimension semantics, VMEM limit and cost estimate for the fused kernel).
@@ -137,11 +136,7 @@ def _with_vmem(p: FusePass, ir: KernelIR, chip: Chip) -> FusePass:
         fused = p.apply(ir).calls[dataflow(ir, p.producer).consumer - 1]  # the fused call replaced the consumer
     except PassNotApplicable:
         return p
-    limit = fused.vmem_limit_bytes or chip.default_scoped_vmem_bytes
-    need = vmem_footprint(fused, chip)
-    if chip.is_gpu or need <= limit * 0.9:
-        return p
-    mib = smallest_step(need, limit, chip)
+    mib = needed_step(fused, chip)
     return replace(p, vmem_mib=mib) if mib else p
 
 

@@ -10,7 +10,7 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
-from ..ir.builders import fresh_name
+from ..ir.builders import fresh_name, parse_statements, replace_arg
 from ..ir.cst_edit import add_scratch, append_grid_axis, replace_many, semantics_edit, with_grid_index
 from ..ir.facts import CallFacts, Operand
 from ..ir.kernel_ir import KernelIR, kernel_jaxpr
@@ -103,7 +103,7 @@ class OnlineSoftmaxPass(Pass):
             self.chunk < form.row_len and form.row_len % self.chunk == 0,
             f"chunk {self.chunk} does not split the row of {form.row_len} into several equal pieces",
         )
-        dims = {pos: _block_dim(facts.inputs[pos], d) for pos, d in form.chunked}
+        dims = {pos: facts.inputs[pos].block_dim_of(d) for pos, d in form.chunked}
         for pos, bdim in dims.items():
             op = facts.inputs[pos]
             check(
@@ -143,12 +143,6 @@ class OnlineSoftmaxPass(Pass):
             return ir.with_module(new, self.spec())
         except KernelError as e:  # the rewrite is ours, but what it reads is the user's: say what failed
             raise PassNotApplicable(f"the chunked kernel does not trace: {e}") from None
-
-
-def _block_dim(op: Operand, ref_dim: int) -> int:
-    """The block dim a kernel-ref dim stands for (squeezed `None` dims are not in the kernel's ref)."""
-    kept = [i for i, b in enumerate(op.block_shape) if b is not None]
-    return kept[ref_dim]
 
 
 def _edit_specs(
@@ -202,15 +196,11 @@ def _edit_specs(
                     e.with_changes(value=cst.Name(const)) if i == bdim else e for i, e in enumerate(shape.elements)
                 ]
             )
-            new_spec = _replace_arg(new_spec, shape, new_shape)
+            new_spec = replace_arg(new_spec, shape, new_shape)
         new_lam = wider.with_changes(body=body)
-        edits[spec] = _replace_arg(new_spec, lam, new_lam)
+        edits[spec] = replace_arg(new_spec, lam, new_lam)
     assert row_text is not None
     return row_text
-
-
-def _replace_arg(call: cst.Call, old: cst.BaseExpression, new: cst.BaseExpression) -> cst.Call:
-    return call.with_changes(args=[a.with_changes(value=new) if a.value is old else a for a in call.args])
 
 
 def _scratch_texts(spec: cst.BaseExpression | None, out: Operand, form: SoftmaxForm) -> list[str]:
@@ -342,10 +332,7 @@ def _rewrite_kernel(
         f"def {fin_fn}():\n"
         f"    {out}[...] = ({result}).reshape({out}.shape).astype({out}.dtype)\n"
     )
-    stmts = [
-        st.with_changes(leading_lines=[cst.EmptyLine(indent=False) for _ in st.leading_lines])
-        for st in cst.parse_module(text).body
-    ]
+    stmts = parse_statements(text)
     third = n["picked_scratch"] if form.kind == "cross-entropy" else n["acc_scratch"]
     names = [n["m_scratch"], n["l_scratch"], third][:n_scratch]
     params = list(kernel.params.params)

@@ -10,10 +10,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
-from ..cost_model.roofline import vmem_footprint
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.body import subjaxprs
-from ..ir.builders import fresh_name
+from ..ir.builders import fresh_name, parse_statements, replace_arg
 from ..ir.cst_edit import (
     add_scratch,
     append_grid_axis,
@@ -25,7 +24,7 @@ from ..ir.cst_edit import (
     set_keyword,
     with_grid_index,
 )
-from ..ir.facts import CallFacts, Operand
+from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR, kernel_jaxpr
 from ..ir.matchers import (
     Located,
@@ -38,7 +37,7 @@ from ..ir.matchers import (
     used_names,
 )
 from .base import Pass, kernel_site
-from .vmem_limit import smallest_step
+from .vmem_limit import needed_step
 
 # Contraction elements per step `choices` offers: multiples of 128 (the lane width: the piece is the minor dim of
 # `x @ w.T`'s operands) that split the contraction into several steps at the traced dims and at CHECK_DIMS, so
@@ -104,7 +103,7 @@ def plan(ir: KernelIR, facts: CallFacts, dims: dict[str, int] | None = None) -> 
     check(sides[0].position != sides[1].position, "both dot operands are read from the same ref")
     for s in sides:  # the facts are the module's traced at its own dims: whole blocks there
         op = facts.inputs[s.position]
-        bdim = block_dim(op, s.contracted)
+        bdim = op.block_dim_of(s.contracted)
         aff = op.index_map.affine
         check(
             op.block_shape[bdim] == op.shape[bdim],
@@ -163,11 +162,6 @@ def _whole_read(jaxpr: Any, var: Any, uses: dict[int, int]) -> tuple[Any, tuple[
             p = list(eqn.params["permutation"])
             perm = [p[d] for d in perm] if perm is not None else p
         var = eqn.invars[0]
-
-
-def block_dim(op: Operand, ref_dim: int) -> int:
-    """The block dim a kernel-ref dim stands for (squeezed `None` dims are not in the kernel's ref)."""
-    return [i for i, b in enumerate(op.block_shape) if b is not None][ref_dim]
 
 
 def pieces(ir: KernelIR, facts: CallFacts) -> tuple[int, ...]:
@@ -266,15 +260,10 @@ def _with_vmem(p: SplitKPass, ir: KernelIR, chip: Chip) -> SplitKPass | None:
     overflow the chip's default scoped VMEM (as `fuse` does); None where no limit the chip allows holds them (a
     search would only watch the compiler refuse it) and where it declines; `p` as is otherwise."""
     try:
-        split = p.apply(ir).calls[p.call]
+        mib = needed_step(p.apply(ir).calls[p.call], chip)
     except PassNotApplicable:
         return None
-    limit = split.vmem_limit_bytes or chip.default_scoped_vmem_bytes
-    need = vmem_footprint(split, chip)
-    if chip.is_gpu or need <= limit * 0.9:
-        return p
-    mib = smallest_step(need, limit, chip)
-    return replace(p, vmem_mib=mib) if mib else None
+    return p if mib == 0 else replace(p, vmem_mib=mib) if mib else None
 
 
 def _verify(old: CallFacts, new: CallFacts | None, p: Plan, piece: int) -> None:
@@ -287,7 +276,7 @@ def _verify(old: CallFacts, new: CallFacts | None, p: Plan, piece: int) -> None:
     for k, (a, b) in enumerate(zip(old.inputs, new.inputs, strict=True)):
         want = list(a.block_shape)
         if k in sides:
-            want[block_dim(a, sides[k].contracted)] = piece
+            want[a.block_dim_of(sides[k].contracted)] = piece
         check(list(b.block_shape) == want, f"input {k}'s split block is {b.block_shape}, not {tuple(want)}")
 
 
@@ -317,7 +306,7 @@ def _edit_specs(
             assert isinstance(shape, cst.Tuple | cst.List)
             elems = [e.value for e in shape.elements]
             for ref_dim in range(len(side.ref_dims)):
-                texts[(k, ref_dim)] = code(elems[block_dim(op, ref_dim)])
+                texts[(k, ref_dim)] = code(elems[op.block_dim_of(ref_dim)])
         if spec in edits:
             continue
         check(isinstance(lam, cst.Lambda), f"operand {k}'s index map is not a lambda")
@@ -329,7 +318,7 @@ def _edit_specs(
         wider, index = with_grid_index(lam, "kk")
         body, new_spec = lam.body, spec
         if side is not None:
-            bdim = block_dim(facts.inputs[k], side.contracted)
+            bdim = facts.inputs[k].block_dim_of(side.contracted)
             check(isinstance(body, cst.Tuple) and len(body.elements) > bdim, f"input {k}'s index map is not a tuple")
             assert isinstance(body, cst.Tuple) and isinstance(shape, cst.Tuple | cst.List)
             check(code(body.elements[bdim].value) == "0", f"input {k}'s index map does not return 0 along K")
@@ -344,8 +333,8 @@ def _edit_specs(
             new_shape = shape.with_changes(
                 elements=[e.with_changes(value=piece) if i == bdim else e for i, e in enumerate(shape.elements)]
             )
-            new_spec = _replace_arg(new_spec, shape, new_shape)
-        edits[spec] = _replace_arg(new_spec, lam, wider.with_changes(body=body))
+            new_spec = replace_arg(new_spec, shape, new_shape)
+        edits[spec] = replace_arg(new_spec, lam, wider.with_changes(body=body))
     assert k_text is not None
     out_texts = []
     for which, ref_dim in p.out_dims:
@@ -354,10 +343,6 @@ def _edit_specs(
         assert text is not None
         out_texts.append(text)
     return k_text, out_texts
-
-
-def _replace_arg(call: cst.Call, old: cst.BaseExpression, new: cst.BaseExpression) -> cst.Call:
-    return call.with_changes(args=[a.with_changes(value=new) if a.value is old else a for a in call.args])
 
 
 def _dot_nodes(kernel: cst.FunctionDef) -> list[cst.BaseExpression]:
@@ -432,10 +417,7 @@ def _rewrite_kernel(
         f"def {fin}():\n"
         f"    pass\n"
     )
-    new = [
-        st.with_changes(leading_lines=[cst.EmptyLine(indent=False) for _ in st.leading_lines])
-        for st in cst.parse_module(text).body
-    ]
+    new = parse_statements(text)
     last = new[-1]
     assert isinstance(last, cst.FunctionDef) and isinstance(last.body, cst.IndentedBlock)
     first_rest = rest[0]

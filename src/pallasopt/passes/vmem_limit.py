@@ -11,6 +11,7 @@ from ..cost_model.hardware import Chip
 from ..cost_model.roofline import vmem_footprint
 from ..errors import check
 from ..ir.cst_edit import set_compiler_param
+from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR
 from .base import Pass
 
@@ -22,6 +23,17 @@ def smallest_step(need: int, limit: int, chip: Chip) -> int | None:
     spare, on a chip with that much VMEM (None: none does)."""
     fits = [m for m in STEPS_MIB if m * 2**20 > limit and need <= m * 2**20 * 0.9 <= chip.vmem_bytes * 0.9]
     return fits[0] if fits else None
+
+
+def needed_step(call: CallFacts, chip: Chip) -> int | None:
+    """For a pass that makes a call's blocks grow and sets the limit in the same move (a step that does not compile
+    is no step for a search to build on): 0 when the call's blocks fit the scoped VMEM it runs under with 10% to
+    spare (or on a GPU), else `smallest_step` for them (None: no limit the chip allows holds them)."""
+    limit = call.vmem_limit_bytes or chip.default_scoped_vmem_bytes
+    need = vmem_footprint(call, chip)
+    if chip.is_gpu or need <= limit * 0.9:
+        return 0
+    return smallest_step(need, limit, chip)
 
 
 @dataclass(frozen=True)
