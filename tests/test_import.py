@@ -382,3 +382,19 @@ def test_import_of_a_kernel_slicing_refs_hints_then_fixes_and_checks(tmp_path: P
     assert "fixed by --fix-api: k * 128:(k + 1) * 128 (x_ref sliced at a run-time offset) (line 11)" in r.stdout
     r = pallasopt("check", str(out))
     assert r.returncode == 0 and r.stdout.startswith("PASS"), r.stdout + r.stderr
+
+
+def test_a_parameter_kept_in_another_shape_is_set_through_the_models_set_weights(tmp_path: Path) -> None:
+    """The kernel's Model keeps the bias as (1, N) and reshapes the task's (N,) in its set_weights, as JAXBench's
+    harness sets weights; set directly, the (N,) bias met a (1, BN) BlockSpec and the kernel did not trace."""
+    task, kernel = str(KB / "gemm_bias_relu.py"), KB / "gemm_bias_2d.py"
+    out = tmp_path / "gemm.py"
+    r = pallasopt("import", task, "--kernel", str(kernel), "-o", str(out), "--fix-api")
+    assert r.returncode == 0, r.stderr
+    r = pallasopt("check", str(out))
+    assert r.returncode == 0 and r.stdout.startswith("PASS"), r.stdout + r.stderr
+    no_setter = tmp_path / "no_setter.py"  # without set_weights the value is set as it is: the kernel's own error
+    text = kernel.read_text()
+    no_setter.write_text(text[: text.index("    def set_weights")] + text[text.index("    def forward") :])
+    r = pallasopt("import", task, "--kernel", str(no_setter), "-o", str(tmp_path / "x.py"), "--fix-api")
+    assert r.returncode == 3 and "must have the same number of dimensions as the array shape" in r.stderr

@@ -20,6 +20,7 @@ pallas_eval/eval_harness.py):
 from __future__ import annotations
 
 import ast
+import contextlib
 import math
 import re
 from pathlib import Path
@@ -214,11 +215,26 @@ def run_model(model_cls: Any, args: tuple[Any, ...], cfg: dict[str, Any], path: 
                 path=path,
                 hint="name the kernel's parameters as the task's Model does",
             )
-        setattr(model, target, value)
+        _set_param(model, target, value, own.get(target))
     dyn = iter(args[:n_dyn])
     static: dict[int, Any] = cfg["static"]
     full = [static[i] if i in static else next(dyn) for i in range(cfg["n_inputs"])]
     return model.forward(*full)
+
+
+def _set_param(model: Any, name: str, value: Any, declared: Any) -> None:
+    """Set parameter `name` of the kernel's model to `value`. Where the model declares it in another shape (a bias
+    kept as (1, N) for a task's (N,)) and has a `set_weights` (JAXBench's harness sets weights through it), that
+    method sets it, as JAXBench does: kept if it gives the declared shape, else the value is set as it is (the
+    kernel then fails on it with its own error)."""
+    setter = getattr(model, "set_weights", None)
+    if declared is not None and tuple(declared.shape) != tuple(value.shape) and callable(setter):
+        with contextlib.suppress(Exception):
+            setter({name: value})
+            now = getattr(model, name, None)
+            if now is not None and tuple(now.shape) == tuple(declared.shape):
+                return
+    setattr(model, name, value)
 
 
 def _same_shape(own: dict[str, Any], value: Any, taken: list[str]) -> str | None:
