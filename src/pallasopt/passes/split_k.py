@@ -273,11 +273,20 @@ def _verify(old: CallFacts, new: CallFacts | None, p: Plan, piece: int) -> None:
     assert new is not None
     check(new.grid == (*old.grid, p.k // piece), f"the split grid is {new.grid}, not {(*old.grid, p.k // piece)}")
     sides = {s.position: s for s in p.sides}
+    check(
+        (len(old.inputs), len(old.outputs)) == (len(new.inputs), len(new.outputs)),
+        "the split call has other operands",
+    )
     for k, (a, b) in enumerate(zip(old.inputs, new.inputs, strict=True)):
         want = list(a.block_shape)
         if k in sides:
             want[a.block_dim_of(sides[k].contracted)] = piece
         check(list(b.block_shape) == want, f"input {k}'s split block is {b.block_shape}, not {tuple(want)}")
+    for a, b in zip(old.outputs, new.outputs, strict=True):
+        check(
+            (a.shape, a.block_shape) == (b.shape, b.block_shape),
+            f"output {a.position} changed (a grid tuple the wrapper reads elsewhere too?)",
+        )
 
 
 def _edit_specs(
