@@ -105,10 +105,9 @@ def _cut_off(kernel: KernelCode, e: KernelError) -> KernelError:
     """`e`, saying where the reply was cut off when it was (the likely cause of a kernel that does not run)."""
     if not kernel.cut_off:
         return e
-    last = kernel.first_line + kernel.code.rstrip("\n").count("\n")
     return KernelError(
-        f"{e.message}; the LLM reply was cut off after line {last} of {kernel.path} (its ```python block is never "
-        "closed), so the kernel may be incomplete",
+        f"{e.message}; the LLM reply was cut off after line {kernel.last_line} of {kernel.path} (its ```python block "
+        "is never closed), so the kernel may be incomplete",
         path=e.path,
         line=e.line,
         hint="generate the kernel again, or complete the module by hand",

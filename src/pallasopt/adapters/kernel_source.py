@@ -28,14 +28,19 @@ class KernelCode:
     first_line: int = 1  # the line of the original file where `code` starts
     cut_off: bool = False  # the reply's ```python block is never closed (its code parses and is taken as it stands)
 
+    @property
+    def last_line(self) -> int:
+        """The line of the original file where `code` ends."""
+        return self.first_line + self.code.rstrip("\n").count("\n")
+
     def notes(self) -> tuple[str, ...]:
         """What a user should know about where the code came from (one line each)."""
         if not self.cut_off:
             return ()
-        last = self.first_line + self.code.rstrip("\n").count("\n")
         return (
             f"the reply's ```python block (line {self.first_line}) is never closed: the reply looks cut off after "
-            f"line {last}; its code parses and is used as it stands (`pallasopt check` tells whether it is whole)",
+            f"line {self.last_line}; its code parses and is used as it stands (`pallasopt check` tells whether it is "
+            "whole)",
         )
 
 
@@ -227,10 +232,7 @@ def _kernel_refs(tree: ast.Module) -> set[str]:
     through `functools.partial` or a forwarding lambda), and any parameter named `*_ref`."""
     kernels: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _dotted(node.func) in (
-            "pallas_call",
-            *(f"{a}.pallas_call" for a in ("pl", "pallas")),
-        ):
+        if isinstance(node, ast.Call) and (_dotted(node.func) or "").rpartition(".")[2] == "pallas_call":
             first = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "kernel"), None)
             while isinstance(first, ast.Call) and first.args:  # functools.partial(kernel, ...)
                 first = first.args[0]
@@ -337,16 +339,10 @@ def fix_api(code: str) -> tuple[str, tuple[Drift, ...]]:
             new = d.name.rsplit(".", 1)[0] + "." + _RENAMES[attr]
         uses_repeat |= attr == "repeat"
         uses_pl |= attr == "ANY"
-        raw = lines[d.line - 1].encode("utf-8")
-        end = d.col + len(d.name.encode("utf-8"))
-        if raw[d.col : end].decode("utf-8") != d.name:
-            continue  # written across lines or with spaces: leave it, the drift check still reports it
-        lines[d.line - 1] = (raw[: d.col] + new.encode("utf-8") + raw[end:]).decode("utf-8")
+        _replace_at(lines, d, new)  # written across lines or with spaces: left, the drift check still reports it
     out = "".join(lines)
-    if uses_pl and f"as {_PALLAS_ALIAS}  #" not in out:
-        out = (
-            out.rstrip("\n") + f"\n\nimport jax.experimental.pallas as {_PALLAS_ALIAS}  # pallasopt import --fix-api\n"
-        )
+    if uses_pl:
+        out = _with_pallas_alias(out)
     if uses_repeat:
         out = out.rstrip("\n") + "\n\n\n" + _REPEAT_SOURCE
     return out, (*sliced, *drifts)
@@ -357,20 +353,30 @@ def _fix_ref_slices(code: str) -> tuple[str, tuple[Drift, ...]]:
     if not found:
         return code, ()
     lines = code.splitlines(keepends=True)
-    done: list[Drift] = []
-    for d in sorted(found, key=lambda d: (d.line, d.col), reverse=True):
-        raw = lines[d.line - 1].encode("utf-8")
-        end = d.col + len(d.name.encode("utf-8"))
-        if raw[d.col : end].decode("utf-8") != d.name:
-            continue
-        lines[d.line - 1] = (raw[: d.col] + d.replacement.encode("utf-8") + raw[end:]).decode("utf-8")
-        done.append(d)
+    done = [
+        d for d in sorted(found, key=lambda d: (d.line, d.col), reverse=True) if _replace_at(lines, d, d.replacement)
+    ]
     out = "".join(lines)
     if any(d.replacement.startswith(f"{_PALLAS_ALIAS}.") for d in done):
-        out = (
-            out.rstrip("\n") + f"\n\nimport jax.experimental.pallas as {_PALLAS_ALIAS}  # pallasopt import --fix-api\n"
-        )
-    return out, tuple(sorted(done, key=lambda d: (d.line, d.col)))
+        out = _with_pallas_alias(out)
+    return out, tuple(reversed(done))
+
+
+def _replace_at(lines: list[str], d: Drift, new: str) -> bool:
+    """Replace `d.name` where `d` found it (line, byte column) by `new`, in place; False (nothing done) where the
+    text there is not `d.name` (written across lines)."""
+    raw = lines[d.line - 1].encode("utf-8")
+    end = d.col + len(d.name.encode("utf-8"))
+    if raw[d.col : end].decode("utf-8") != d.name:
+        return False
+    lines[d.line - 1] = (raw[: d.col] + new.encode("utf-8") + raw[end:]).decode("utf-8")
+    return True
+
+
+def _with_pallas_alias(code: str) -> str:
+    """`code` importing `jax.experimental.pallas` as `_PALLAS_ALIAS` (appended once), for what `fix_api` writes."""
+    line = f"import jax.experimental.pallas as {_PALLAS_ALIAS}  # pallasopt import --fix-api"
+    return code if line in code else code.rstrip("\n") + f"\n\n{line}\n"
 
 
 _REPEAT_SOURCE = f'''def {REPEAT_HELPER}(x, repeats, axis=0):

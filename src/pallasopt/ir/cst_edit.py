@@ -14,11 +14,12 @@ import libcst as cst
 import libcst.matchers as m
 
 from ..errors import check
-from .builders import fresh_name, tuple_expr
+from .builders import fresh_name, replace_arg, tuple_expr
 from .facts import CallFacts
 from .matchers import (
     Located,
     Pos,
+    blockspec_parts,
     code,
     docstring_lines,
     find_call_node,
@@ -30,6 +31,7 @@ from .matchers import (
     pltpu_alias,
     resolve,
     resolve_local,
+    spec_nodes,
     used_names,
 )
 
@@ -529,3 +531,64 @@ def with_grid_index(lam: cst.Lambda, want: str) -> tuple[cst.Lambda, str]:
     name = fresh_name(used_names(lam) | {p.name.value for p in lam.params.params}, want)
     params = [p.with_changes(comma=cst.MaybeSentinel.DEFAULT) for p in (*lam.params.params, cst.Param(cst.Name(name)))]
     return lam.with_changes(params=lam.params.with_changes(params=params)), name
+
+
+def split_specs_on_new_axis(
+    loc: Located,
+    node: cst.Call,
+    facts: CallFacts,
+    dims: Mapping[int, int],
+    block: Callable[[str], str],
+    edits: dict[cst.CSTNode, cst.CSTNode],
+    *,
+    index: str,
+    along: str,
+) -> str:
+    """For a grid axis a pass appends innermost (`append_grid_axis`): every BlockSpec of the call gets an index map
+    taking that axis's index too (named `index`, with underscores until it clashes with nothing), and each input in
+    `dims` (input position -> block dim) walks the axis along that dim, where its map returned 0 (`along` names the
+    dim in the reasons), its block there becoming `block(text)` of the dim's block as written. The edits go into
+    `edits`; returns the written block of the first walked dim (the whole length the axis splits)."""
+    specs = spec_nodes(loc, node)
+    check(len(specs) == len(facts.operands), "the BlockSpecs are not a literal list pallasopt can edit")
+    role: dict[int, int | None] = {}
+    for k, spec in enumerate(specs):
+        check(isinstance(spec, cst.Call), f"operand {k}'s BlockSpec is not a call pallasopt can edit")
+        want = dims.get(k) if k < len(facts.inputs) else None
+        check(role.get(id(spec), want) == want, f"operand {k} shares its BlockSpec with an operand split otherwise")
+        role[id(spec)] = want
+    whole: str | None = None
+    for k, spec in enumerate(specs):
+        assert isinstance(spec, cst.Call)
+        if spec in edits:
+            continue
+        shape, lam = blockspec_parts(spec)
+        check(isinstance(lam, cst.Lambda), f"operand {k}'s index map is not a lambda")
+        assert isinstance(lam, cst.Lambda)
+        check(
+            len(lam.params.params) == len(facts.grid) and lam.params.star_arg is cst.MaybeSentinel.DEFAULT,
+            f"operand {k}'s index map does not take exactly the {len(facts.grid)} grid indices",
+        )
+        wider, name = with_grid_index(lam, index)
+        body, new_spec = lam.body, spec
+        bdim = dims.get(k) if k < len(facts.inputs) else None
+        if bdim is not None:
+            check(isinstance(body, cst.Tuple) and len(body.elements) > bdim, f"input {k}'s index map is not a tuple")
+            assert isinstance(body, cst.Tuple)
+            check(code(body.elements[bdim].value) == "0", f"input {k}'s index map does not return 0 along {along}")
+            body = body.with_changes(
+                elements=[e.with_changes(value=cst.Name(name)) if i == bdim else e for i, e in enumerate(body.elements)]
+            )
+            check(isinstance(shape, cst.Tuple | cst.List), f"input {k}'s block shape is not a literal tuple")
+            assert isinstance(shape, cst.Tuple | cst.List)
+            text = code(shape.elements[bdim].value)
+            whole = whole or text
+            piece = cst.parse_expression(block(text))
+            new_shape = shape.with_changes(
+                elements=[e.with_changes(value=piece) if i == bdim else e for i, e in enumerate(shape.elements)]
+            )
+            new_spec = replace_arg(new_spec, shape, new_shape)
+        edits[spec] = replace_arg(new_spec, lam, wider.with_changes(body=body))
+    check(whole is not None, f"no input is walked along {along}")
+    assert whole is not None
+    return whole

@@ -10,8 +10,8 @@ import libcst.matchers as m
 
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
-from ..ir.builders import fresh_name, parse_statements, replace_arg
-from ..ir.cst_edit import add_scratch, append_grid_axis, replace_many, semantics_edit, with_grid_index
+from ..ir.builders import fresh_name, parse_statements
+from ..ir.cst_edit import add_scratch, append_grid_axis, replace_many, semantics_edit, split_specs_on_new_axis
 from ..ir.facts import CallFacts, Operand
 from ..ir.kernel_ir import KernelIR, kernel_jaxpr
 from ..ir.matchers import (
@@ -119,7 +119,7 @@ class OnlineSoftmaxPass(Pass):
         assert refs is not None
         const = fresh_name(used_names(loc.wrapper.module), "SOFTMAX_CHUNK")
         edits: dict[cst.CSTNode, cst.CSTNode] = {}
-        row_text = _edit_specs(loc, node, facts, dims, const, edits)
+        row_text = split_specs_on_new_axis(loc, node, facts, dims, lambda _: const, edits, index="c", along="the row")
         append_grid_axis(loc, node, f"{row_text} // {const}", edits)
         if facts.dimension_semantics is not None:  # none given: the default ("arbitrary") suits the chunk axis
             edits.update(semantics_edit(loc, node, facts, lambda sem: (*sem, "arbitrary")))
@@ -143,64 +143,6 @@ class OnlineSoftmaxPass(Pass):
             return ir.with_module(new, self.spec())
         except KernelError as e:  # the rewrite is ours, but what it reads is the user's: say what failed
             raise PassNotApplicable(f"the chunked kernel does not trace: {e}") from None
-
-
-def _edit_specs(
-    loc: Located,
-    node: cst.Call,
-    facts: CallFacts,
-    dims: dict[int, int],
-    const: str,
-    edits: dict[cst.CSTNode, cst.CSTNode],
-) -> str:
-    """Give every index map a trailing chunk index; the inputs read along the row get `const`-sized blocks at it.
-    Returns the source text of the row length (the chunked block dim as the user wrote it)."""
-    specs = spec_nodes(loc, node)
-    check(len(specs) == len(facts.operands), "the BlockSpecs are not a literal list pallasopt can edit")
-    role: dict[int, int | None] = {}
-    for k, spec in enumerate(specs):
-        check(isinstance(spec, cst.Call), f"operand {k}'s BlockSpec is not a call pallasopt can edit")
-        want = dims.get(k) if k < len(facts.inputs) else None
-        check(role.get(id(spec), want) == want, f"operand {k} shares its BlockSpec with an operand chunked otherwise")
-        role[id(spec)] = want
-    row_text: str | None = None
-    for k, spec in enumerate(specs):
-        assert isinstance(spec, cst.Call)
-        if spec in edits:
-            continue
-        shape, lam = blockspec_parts(spec)
-        check(isinstance(lam, cst.Lambda), f"operand {k}'s index map is not a lambda")
-        assert isinstance(lam, cst.Lambda)
-        check(
-            len(lam.params.params) == len(facts.grid) and lam.params.star_arg is cst.MaybeSentinel.DEFAULT,
-            f"operand {k}'s index map does not take exactly the {len(facts.grid)} grid indices",
-        )
-        wider, index = with_grid_index(lam, "c")
-        body = lam.body
-        bdim = dims.get(k) if k < len(facts.inputs) else None
-        new_spec = spec
-        if bdim is not None:
-            check(isinstance(body, cst.Tuple) and len(body.elements) > bdim, f"input {k}'s index map is not a tuple")
-            assert isinstance(body, cst.Tuple)
-            check(code(body.elements[bdim].value) == "0", f"input {k}'s index map does not return 0 along the row")
-            body = body.with_changes(
-                elements=[
-                    e.with_changes(value=cst.Name(index)) if i == bdim else e for i, e in enumerate(body.elements)
-                ]
-            )
-            check(isinstance(shape, cst.Tuple | cst.List), f"input {k}'s block shape is not a literal tuple")
-            assert isinstance(shape, cst.Tuple | cst.List)
-            row_text = row_text or code(shape.elements[bdim].value)
-            new_shape = shape.with_changes(
-                elements=[
-                    e.with_changes(value=cst.Name(const)) if i == bdim else e for i, e in enumerate(shape.elements)
-                ]
-            )
-            new_spec = replace_arg(new_spec, shape, new_shape)
-        new_lam = wider.with_changes(body=body)
-        edits[spec] = replace_arg(new_spec, lam, new_lam)
-    assert row_text is not None
-    return row_text
 
 
 def _scratch_texts(spec: cst.BaseExpression | None, out: Operand, form: SoftmaxForm) -> list[str]:

@@ -12,7 +12,7 @@ import libcst.matchers as m
 from ..cost_model.hardware import Chip
 from ..errors import KernelError, PassNotApplicable, check
 from ..ir.body import subjaxprs
-from ..ir.builders import fresh_name, parse_statements, replace_arg
+from ..ir.builders import fresh_name, parse_statements
 from ..ir.cst_edit import (
     add_scratch,
     append_grid_axis,
@@ -22,7 +22,7 @@ from ..ir.cst_edit import (
     semantics_edit,
     set_compiler_param,
     set_keyword,
-    with_grid_index,
+    split_specs_on_new_axis,
 )
 from ..ir.facts import CallFacts
 from ..ir.kernel_ir import KernelIR, kernel_jaxpr
@@ -31,7 +31,7 @@ from ..ir.matchers import (
     blockspec_parts,
     code,
     is_call_to,
-    kernel_refs,
+    own_kernel,
     pallas_call_nodes,
     spec_nodes,
     used_names,
@@ -220,14 +220,15 @@ class SplitKPass(Pass):
             f"piece {self.piece} does not split the contraction of {pl_plan.k} into several steps",
         )
         site = kernel_site(ir, facts, " (the accumulator is zeroed with it)")
-        loc, node, kernel, jnp, pltpu, pl = site.loc, site.node, site.kernel, site.jnp, site.pltpu, site.pl
-        refs = kernel_refs(kernel)
-        n_refs = len(facts.operands) + len(facts.scratch)
-        check(refs is not None and len(refs) == n_refs, "the kernel's positional refs do not match the operands")
+        loc, node, jnp, pltpu, pl = site.loc, site.node, site.jnp, site.pltpu, site.pl
+        kernel, _ = own_kernel(loc, ir.calls, facts, node)  # refs one per operand; not shared with another call
         module_names = used_names(loc.wrapper.module)
         const, helper = fresh_name(module_names, "SPLIT_K"), fresh_name(module_names, "_split_k_piece")
         edits: dict[cst.CSTNode, cst.CSTNode] = {}
-        k_text, out_texts = _edit_specs(loc, node, facts, pl_plan, helper, edits)
+        dims = {s.position: facts.inputs[s.position].block_dim_of(s.contracted) for s in pl_plan.sides}
+        piece = f"{helper}({{}})"
+        k_text = split_specs_on_new_axis(loc, node, facts, dims, piece.format, edits, index="kk", along="K")
+        out_texts = _block_texts(loc, node, facts, pl_plan)
         append_grid_axis(loc, node, f"{k_text} // {helper}({k_text})", edits)
         if facts.dimension_semantics is not None:
             edits.update(semantics_edit(loc, node, facts, lambda sem: (*sem, "arbitrary")))
@@ -289,69 +290,17 @@ def _verify(old: CallFacts, new: CallFacts | None, p: Plan, piece: int) -> None:
         )
 
 
-def _edit_specs(
-    loc: Located, node: cst.Call, facts: CallFacts, p: Plan, helper: str, edits: dict[cst.CSTNode, cst.CSTNode]
-) -> tuple[str, list[str]]:
-    """Give every index map a trailing K index; the two sides get `helper(K)`-wide blocks at it. Returns the text of
-    the contraction length and, per dot output dim, the text of the block dim it comes from (for the scratch)."""
+def _block_texts(loc: Located, node: cst.Call, facts: CallFacts, p: Plan) -> list[str]:
+    """Per dot output dim, the block dim it comes from as the wrapper writes it (the accumulator's shape)."""
     specs = spec_nodes(loc, node)
-    check(len(specs) == len(facts.operands), "the BlockSpecs are not a literal list pallasopt can edit")
-    sides = {s.position: s for s in p.sides}
-    seen: dict[int, int | None] = {}
-    for k, spec in enumerate(specs):
-        check(isinstance(spec, cst.Call), f"operand {k}'s BlockSpec is not a call pallasopt can edit")
-        role = k if k in sides else None
-        check(seen.get(id(spec), role) == role, f"operand {k} shares its BlockSpec with an operand split otherwise")
-        seen[id(spec)] = role
-    texts: dict[tuple[int, int], str] = {}
-    k_text: str | None = None
-    for k, spec in enumerate(specs):
-        assert isinstance(spec, cst.Call)
-        shape, lam = blockspec_parts(spec)
-        side = sides.get(k)
-        if side is not None:
-            op = facts.inputs[k]
-            check(isinstance(shape, cst.Tuple | cst.List), f"input {k}'s block shape is not a literal tuple")
-            assert isinstance(shape, cst.Tuple | cst.List)
-            elems = [e.value for e in shape.elements]
-            for ref_dim in range(len(side.ref_dims)):
-                texts[(k, ref_dim)] = code(elems[op.block_dim_of(ref_dim)])
-        if spec in edits:
-            continue
-        check(isinstance(lam, cst.Lambda), f"operand {k}'s index map is not a lambda")
-        assert isinstance(lam, cst.Lambda)
-        check(
-            len(lam.params.params) == len(facts.grid) and lam.params.star_arg is cst.MaybeSentinel.DEFAULT,
-            f"operand {k}'s index map does not take exactly the {len(facts.grid)} grid indices",
-        )
-        wider, index = with_grid_index(lam, "kk")
-        body, new_spec = lam.body, spec
-        if side is not None:
-            bdim = facts.inputs[k].block_dim_of(side.contracted)
-            check(isinstance(body, cst.Tuple) and len(body.elements) > bdim, f"input {k}'s index map is not a tuple")
-            assert isinstance(body, cst.Tuple) and isinstance(shape, cst.Tuple | cst.List)
-            check(code(body.elements[bdim].value) == "0", f"input {k}'s index map does not return 0 along K")
-            body = body.with_changes(
-                elements=[
-                    e.with_changes(value=cst.Name(index)) if i == bdim else e for i, e in enumerate(body.elements)
-                ]
-            )
-            whole = code(shape.elements[bdim].value)
-            k_text = k_text or whole
-            piece = cst.parse_expression(f"{helper}({whole})")
-            new_shape = shape.with_changes(
-                elements=[e.with_changes(value=piece) if i == bdim else e for i, e in enumerate(shape.elements)]
-            )
-            new_spec = replace_arg(new_spec, shape, new_shape)
-        edits[spec] = replace_arg(new_spec, lam, wider.with_changes(body=body))
-    assert k_text is not None
-    out_texts = []
+    out = []
     for which, ref_dim in p.out_dims:
-        text = texts.get((p.sides[which].position, ref_dim))
-        check(text is not None, "cannot name the dot's output dims in the wrapper")
-        assert text is not None
-        out_texts.append(text)
-    return k_text, out_texts
+        side = p.sides[which]
+        shape, _ = blockspec_parts(specs[side.position])
+        check(isinstance(shape, cst.Tuple | cst.List), f"input {side.position}'s block shape is not a literal tuple")
+        assert isinstance(shape, cst.Tuple | cst.List)
+        out.append(code(shape.elements[facts.inputs[side.position].block_dim_of(ref_dim)].value))
+    return out
 
 
 def _dot_nodes(kernel: cst.FunctionDef) -> list[cst.BaseExpression]:
