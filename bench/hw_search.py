@@ -10,7 +10,8 @@ kernel starting from its fastest chip-timed recipe (`hw_measure.py best`) and th
     python bench/hw_search.py setup .hw/pylib
     # on the chip host (device tool, carry [".hw"]): kernels one after another, none started past --limit-s
     export PYTHONPATH=$PWD/.hw/pylib:$PWD/src:$PYTHONPATH
-    python bench/hw_search.py run .hw/search --out $OUT --limit-s 540 --budget-seconds 200 [--done DIR]
+    python bench/hw_search.py run .hw/search --out /tmp/s --limit-s 540 --budget-seconds 100 [--done DIR]
+    tar czf $OUT/s.tgz -C /tmp s  # the device tool brings back 8 files a call: one archive, not 3 files a kernel
     # here: the table
     python bench/hw_search.py table DIR... --best <best-known json> [--md FILE]
 

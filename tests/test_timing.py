@@ -55,6 +55,41 @@ def test_run_timing_refuses_the_cpu() -> None:
     assert not r["ok"] and "no accelerator" in r["message"]
 
 
+class _ChipLike:
+    """A workload whose reference, like XLA's float32 matmul on a TPU, is off the exact result at default precision
+    (by `xla_off`) and exact at "highest" (read at trace time, as the matmul precision is)."""
+
+    def __init__(self, xla_off: float) -> None:
+        self.tolerance = {"rtol": 1e-4, "atol": 1e-4}
+        self.xla_off = xla_off
+        self.exact = jnp.asarray(np.random.default_rng(1).standard_normal((64, 128)), jnp.float32)
+
+    def reference(self, x: Any) -> Any:
+        highest = str(jax.config.jax_default_matmul_precision or "").lower() in ("highest", "float32")
+        return x + self.exact if highest else x + self.exact * (1 + self.xla_off)
+
+
+@pytest.mark.parametrize(
+    ("xla_off", "kernel_off", "ok", "note"),
+    [
+        (0.0, 0.0, True, ""),  # both exact
+        (3e-3, 0.0, True, "highest precision"),  # the kernel is exact, XLA's default precision is not (fused_30)
+        (3e-3, 3e-3, True, ""),  # the same result as XLA's at default precision
+        (3e-3, 4e-3, True, "as XLA"),  # within AS_XLA of it
+        (3e-3, 3e-2, False, ""),  # ten times XLA's error: the kernel
+        (0.0, 3e-3, False, ""),  # XLA is exact, the kernel is not
+    ],
+)
+def test_the_chip_holds_a_kernel_to_the_exact_reference_or_to_xlas_own_error(xla_off, kernel_off, ok, note) -> None:
+    w = _ChipLike(xla_off)
+    x = jnp.zeros((64, 128), jnp.float32)
+    out = x + w.exact * (1 + kernel_off)
+    why, got = timing.device_verdict(w, out, jax.jit(w.reference), (x,))
+    assert (why == "") is ok and note in got and (got == "") is (note == "")
+    if not ok:
+        assert "outside" in why and "highest precision" in why
+
+
 def _record(i: str, t: float, x: float, ok: bool = True, err: float = 0.0, x_ok: bool = True, x_err: float = 0.0):
     return {"id": i, "ok": ok, "max_rel": err, "median_s": t, "why": "" if ok else "output 0: outside",
             "device": "TPU v5 lite", "xla": {"median_s": x, "ok": x_ok, "max_rel": x_err}}  # fmt: skip

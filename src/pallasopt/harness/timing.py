@@ -122,10 +122,12 @@ def run_timing(workload: Any, repeats: int) -> dict[str, Any]:
     entry = jax.jit(workload.entry)
     reference = jax.jit(workload.reference)
     inputs = [tuple(workload.make_inputs(jax.random.key(s))) for s in (11, 12)]
+    notes: list[str] = []
     for args in inputs:
-        why, _ = compare_outputs(entry(*args), reference(*args), workload.tolerance)
+        why, note = device_verdict(workload, entry(*args), reference, args)
         if why:
             return {"ok": False, "message": f"on {dev.device_kind}, unlike the reference run by XLA: {why}"}
+        notes += [note] if note and note not in notes else []
     t = time_batched(entry, inputs, batches=max(3, min(repeats, 31)))
     return {
         "ok": True,
@@ -133,4 +135,35 @@ def run_timing(workload: Any, repeats: int) -> dict[str, Any]:
         "repeats": t["batches"],
         "device": f"{dev.platform}: {dev.device_kind}",
         "message": f"median of {t['batches']} batches of {t['calls']} calls on {dev.device_kind}",
+        "notes": notes,
     }
+
+
+AS_XLA = 1.5  # a kernel off the exact reference by at most this times XLA's own default-precision error is as good
+
+
+def device_verdict(workload: Any, out: Any, reference: Any, args: tuple[Any, ...]) -> tuple[str, str]:
+    """('', note) where the kernel's output `out` on the chip is acceptable, else (why, '').
+
+    Within the module's tolerance of the reference XLA runs at its default precision: yes. Else the reference is run
+    again at "highest" matmul precision (exact float32): a kernel within tolerance of that is right (it is XLA's
+    default-precision matmul, a bf16 pass on a TPU, that misses: bench fused_30 on a v5e, 574 of 128000 elements
+    7.8e-4 off, session 35), and so is one whose error from it is at most `AS_XLA` x XLA's own error from it where XLA
+    misses the tolerance too (`bench/hw_measure.py`'s "as XLA" rule: the chip's matmul, not the kernel). The
+    interpret-mode oracle, which compares against the exact reference, stays the correctness verdict."""
+    import jax
+
+    tol = workload.tolerance
+    ref = reference(*args)
+    why, _ = compare_outputs(out, ref, tol)
+    if not why:
+        return "", ""
+    with jax.default_matmul_precision("highest"):
+        exact = jax.jit(lambda *a: workload.reference(*a))(*args)
+    why_exact, err = compare_outputs(out, exact, tol)
+    if not why_exact:
+        return "", "within tolerance of the reference at highest precision (XLA's default-precision result is not)"
+    why_xla, err_xla = compare_outputs(ref, exact, tol)
+    if why_xla and err <= AS_XLA * err_xla:
+        return "", f"as XLA: max rel err {err:.1e} from the exact reference, XLA's default precision {err_xla:.1e}"
+    return f"{why} (from the reference at highest precision: {why_exact})", ""

@@ -170,8 +170,9 @@ class Funnel:
         return (self.key(n), self.screen_s(n), n.spec)
 
     def screen_s(self, n: Node) -> float:
-        """Where the hardware tier ranks: a candidate's time at the tier that screened it (the compiler's estimate,
-        else the model's), which orders the candidates the chip has not timed yet; 0 where another tier ranks."""
+        """Where the hardware tier ranks: a candidate's time at the tier below it (the compiler's estimate where one
+        was made, the model's for the children: `_baseline`), which orders the candidates the chip has not timed
+        yet; 0 where another tier ranks."""
         if self.score_tier != "hardware":
             return 0.0
         s = score_of(n, "compiler") or score_of(n, "model")
@@ -211,12 +212,14 @@ class Funnel:
         self.ranking = choose_tier(root.results, unavailable, self.chip.name, screened=not fits, family=family)
         self.score_tier = self.ranking.tier
         self.say("baseline", {"node": root, "tier": self.score_tier, "ranking": self.ranking})
-        # Compile the candidates when the compiler ranks them, or screens them (VMEM, lowering) for the hardware tier
-        # while it works, or for the model when a tier-trust rule moved the ranking there (`search/trust.py`).
+        # Compile the candidates when the compiler ranks them, or screens them (VMEM, lowering) for the model when a
+        # tier-trust rule moved the ranking there (`search/trust.py`). Not where the chip ranks: its timing compiles
+        # the candidate on the chip (a VMEM overflow or lowering error fails it there) in 2-4 s, where the deviceless
+        # compile with its static profile took 24-26 s a candidate on the v5e host (session 35: fused_09's search
+        # spent its 120 s budget compiling its two start recipes and timed no child).
         trusted_model = self.ranking.trust is not None and bool(self.ranking.trust.get("applied"))
-        screens = self.score_tier == "hardware" or trusted_model
         self.compile_children = self.score_tier == "compiler" or (
-            screens and tier_works(root.results, unavailable, "compiler")
+            trusted_model and tier_works(root.results, unavailable, "compiler")
         )
 
     # -- proposing (the strategy asks) ------------------------------------------------------------------------------
