@@ -257,3 +257,63 @@ def test_the_wide_check_dims_never_change_a_dim_that_sizes_nothing() -> None:
     small = derive_check_dims(w, base)
     wide = derive_wide_dims(w, small, base)
     assert small == {"M": 16, "scale": 1} and wide["M"] > 16 and wide["scale"] == 1, wide
+
+
+# JAXBench gemini3 level2 86_Matmul_Divide_GELU's kernel, cut down: whole-K row blocks, and a `fori_loop` over K in a
+# hard-coded 512-wide step inside the body (`x_ref.shape[1] // 512` trips).
+K_LOOP = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+ENTRY = "matmul"
+
+
+def _kernel(x_ref, w_ref, o_ref):
+    bk = 512
+
+    def body(k, acc):
+        x = x_ref[:, pl.ds(k * bk, bk)]
+        w = w_ref[pl.ds(k * bk, bk), :]
+        return acc + jnp.dot(x, w, preferred_element_type=jnp.float32)
+
+    acc = jax.lax.fori_loop(0, x_ref.shape[1] // bk, body, jnp.zeros(o_ref.shape, jnp.float32))
+    o_ref[...] = acc
+
+
+def matmul(x, w):
+    m, k = x.shape
+    n = w.shape[1]
+    return pl.pallas_call(
+        _kernel,
+        grid=(m // 128, n // 256),
+        in_specs=[pl.BlockSpec((128, k), lambda i, j: (i, 0)), pl.BlockSpec((k, 256), lambda i, j: (0, j))],
+        out_specs=pl.BlockSpec((128, 256), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+    )(x, w)
+
+
+def reference(x, w):
+    return x @ w
+
+
+def make_inputs(key, M=1024, K=4096, N=1024):
+    kx, kw = jax.random.split(key)
+    return jax.random.normal(kx, (M, K), jnp.float32), jax.random.normal(kw, (K, N), jnp.float32)
+"""
+
+
+def test_check_dims_keep_a_loop_in_the_body_running_twice() -> None:
+    """Stepping K down to 128 (the grid rule alone allows it: K is no grid axis) left the body's loop with no trip and
+    the output all zeros: the oracle failed a kernel that is right at every K its 512-wide step divides. The loop's
+    trip count is kept at >= 2, as the grid's steps are, and the kernel passes at the dims derived."""
+    from pallasopt.harness.check import check
+    from pallasopt.ir.trace import trace_calls
+
+    w = load_source(K_LOOP, "k_loop.py")
+    dims = derive_check_dims(w)
+    assert dims["K"] == 1024 and dims["M"] < 1024 and dims["N"] < 1024, dims
+    (small,) = trace_calls(w, dims)
+    assert [d.count for d in small.body.dots] == [2]
+    r = check(K_LOOP, "k_loop.py", seeds=(1, 2))
+    assert r.ok, r.message

@@ -71,7 +71,26 @@ def _acceptable(calls: tuple[CallFacts, ...], base: tuple[CallFacts, ...]) -> bo
                 return False
         if _overhangs(c) - _overhangs(b):
             return False  # a block bigger than its array at these dims only: the kernel reads past the array
+        if _loops_cut(c, b):
+            return False
     return True
+
+
+def _loops_cut(small: CallFacts, base: CallFacts) -> bool:
+    """Whether a loop in the kernel body runs fewer times per grid step at these dims than the grid rule allows: a
+    matmul the body does at the default dims at least once (twice) a step is done less than once (twice) here. Read
+    from the dots' counts (a `fori_loop`'s trip count multiplies them), by position, or in total where the body has
+    a different number of dots. JAXBench's gemini3 `86_Matmul_Divide_GELU` loops over K in a hard-coded 512-wide
+    step (`x_ref.shape[1] // 512` trips): at the 128-wide K these dims were stepped down to it ran no trip, left
+    the output at the bias alone and failed the oracle, at dims it was never meant for (session 35)."""
+
+    def cut(s: float, b: float) -> bool:
+        return (b > 0 and s <= 0) or (b >= 1 and s < 1) or (b >= 2 and s < 2)
+
+    sd, bd = small.body.dots, base.body.dots
+    if len(sd) == len(bd):
+        return any(cut(s.count, b.count) for s, b in zip(sd, bd, strict=True))
+    return cut(sum(d.count for d in sd), sum(d.count for d in bd))
 
 
 def _overhangs(call: CallFacts) -> set[tuple[int, int]]:
