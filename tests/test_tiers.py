@@ -113,6 +113,39 @@ def test_real_tiers_say_why_a_tier_is_unavailable(monkeypatch) -> None:
         assert Tiers(v5e).unavailable("hardware") == why
 
 
+class _HangingChip:
+    """An executor whose timing job runs past its limit (a kernel that hangs the chip), saying which limit it got."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+
+    def run(self, job):
+        self.timeouts.append(job.timeout_s)
+        return {"ok": False, "message": f"timed out after {job.timeout_s:.0f} s"}
+
+
+def test_a_chip_timing_stops_at_the_search_budget(monkeypatch) -> None:
+    """A kernel that hangs the chip held a 100 s search for the timing's own 600 s limit: with the search's deadline
+    the timing is stopped there (never under MIN_TIMING_S), marked budget_cut (no verdict, not kept in the DB)."""
+    import time
+
+    import pallasopt.search.tiers as tiers_mod
+    from pallasopt.cost_model.hardware import get_chip
+    from pallasopt.executors.jobs import TIMING_TIMEOUT_S
+
+    chip = _HangingChip()
+    t = tiers_mod.Tiers(get_chip("v5e"), executor=chip)  # type: ignore[arg-type]
+    monkeypatch.setattr(t, "unavailable", lambda tier: None)
+    ir = KernelIR.from_file(MATMUL)
+    r = t.hardware(ir, deadline=time.perf_counter() + 200.0)
+    assert r is not None and not r.ok and r.data["budget_cut"] and "search budget" in r.message
+    assert 190.0 < chip.timeouts[-1] <= 200.0
+    assert t.hardware(ir, deadline=time.perf_counter() + 1.0).data["budget_cut"]  # type: ignore[union-attr]
+    assert chip.timeouts[-1] == tiers_mod.MIN_TIMING_S
+    r = t.hardware(ir)  # no budget: the timing's own limit, and a timeout there is the kernel's
+    assert chip.timeouts[-1] == TIMING_TIMEOUT_S and r is not None and not r.data.get("budget_cut")
+
+
 # ---- the search and optimize() with fake tiers that fail ----------------------------------------------------------
 
 

@@ -73,9 +73,9 @@ def check_job(
 TIMING_TIMEOUT_S = 600.0  # time_kernel's own limit
 
 
-def time_job(source: str, path: str, chip: Chip) -> Job:
-    kwargs = {"source": source, "path": path, "timeout_s": TIMING_TIMEOUT_S}
-    return Job("time", timing.time_kernel, kwargs, TIMING_TIMEOUT_S, _time_lost, hardware_needs(chip))
+def time_job(source: str, path: str, chip: Chip, timeout_s: float = TIMING_TIMEOUT_S) -> Job:
+    kwargs = {"source": source, "path": path, "timeout_s": timeout_s}
+    return Job("time", timing.time_kernel, kwargs, timeout_s, _time_lost, hardware_needs(chip))
 
 
 class _CompileLost:

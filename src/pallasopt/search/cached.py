@@ -145,7 +145,8 @@ class CachedEvaluator:
         assert result is not None
         return result
 
-    def hardware(self, ir: KernelIR) -> TierResult | None:
+    def hardware(self, ir: KernelIR, deadline: float | None = None) -> TierResult | None:
         # A time belongs to the chip it was measured on: the key names the device kind JAX sees, not only the target.
         key = f"{self.target};device={self.device_kind()}"
-        return self._cached(ir, "hardware", key, lambda: self.inner.hardware(ir))
+        kw = deadline_kw(self.inner.hardware, deadline)  # fakes without a budget need not take it
+        return self._cached(ir, "hardware", key, lambda: self.inner.hardware(ir, **kw))

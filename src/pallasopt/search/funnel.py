@@ -634,7 +634,9 @@ class Funnel:
                 return self.ledger.timed("compiler", ev.compiler, ir, **deadline_kw(ev.compiler, self.compile_deadline))
             if tier == "check":
                 return self.ledger.timed("check", ev.check, ir, s, **self.until)
-            return self.ledger.timed("hardware", ev.hardware, ir)
+            return self.ledger.timed(
+                "hardware", ev.hardware, ir, **deadline_kw(ev.hardware, self.until.get("deadline"))
+            )
 
         def fn(n: Node) -> TierResult | None:
             # A bug met while evaluating one candidate fails that candidate, never the search (nothing is written to

@@ -242,6 +242,9 @@ def corrected_static(static_s: float, steps: int, chip: Chip) -> float:
 CHECK_TIMEOUT_S = 300.0  # an interpret-mode check that runs longer is a hang
 MIN_CHECK_S = 5.0  # a check started just before the budget ends still gets this long
 MIN_COMPILE_S = 5.0  # likewise for a compile
+# A timing started just before the budget ends still gets this long: a run's first timing took 17-52 s on the
+# v5e host (JAX's TPU start-up, the entry's and the reference's compiles; bench/results/hw-v5e-2026-12-07d).
+MIN_TIMING_S = 60.0
 SUSPICIOUS = 0.5  # a time under half the roofline floor is flagged and the candidate re-checked on fresh seeds
 
 
@@ -484,12 +487,21 @@ class Tiers:
             return TierResult("check", False, None, msg, {**data, "budget_cut": True})
         return TierResult("check", r.ok, None, r.message or f"max rel err {r.max_rel_err:.2e}", data)
 
-    def hardware(self, ir: KernelIR) -> TierResult | None:
-        from ..executors.jobs import time_job
+    def hardware(self, ir: KernelIR, deadline: float | None = None) -> TierResult | None:
+        """The chip's time; with a `deadline` (the search's budget) the timing is stopped there (never before
+        `MIN_TIMING_S`), and one cut short that way is marked ``budget_cut`` (no verdict: the DB does not keep it).
+        A kernel that hangs the chip held a 100 s search for `TIMING_TIMEOUT_S` (600 s) before."""
+        from ..executors.jobs import TIMING_TIMEOUT_S, time_job
 
         if self.unavailable("hardware") is not None:  # no accelerator, or not the target's kind
             return None
-        r = self.executor.run(time_job(ir.source, ir.path, self.chip))
+        timeout = TIMING_TIMEOUT_S
+        if deadline is not None:
+            timeout = min(timeout, max(MIN_TIMING_S, deadline - time.perf_counter()))
+        r = self.executor.run(time_job(ir.source, ir.path, self.chip, timeout_s=timeout))
+        if not r.get("ok") and str(r.get("message", "")).startswith("timed out") and timeout < TIMING_TIMEOUT_S:
+            msg = f"stopped at the search budget after {timeout:.0f} s (not a verdict on the kernel)"
+            return TierResult("hardware", False, None, msg, {**r, "budget_cut": True})
         timed_on = str(r.get("device") or "").partition(": ")[2]
         if r.get("ok") and timed_on != self.chip.device_kind:  # the child saw another chip than the probe
             why = (
