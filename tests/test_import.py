@@ -198,6 +198,36 @@ def get_init_inputs():
     np.testing.assert_allclose(np.asarray(sw.reference(x, scale)), np.asarray(x) * np.asarray(scale)[:, None])
 
 
+def test_kernelbench_sizes_written_in_get_inputs_return_statement() -> None:
+    """Ten of JAXBench's level-2 tasks build their input in the return statement itself (`13_ConvTranspose3d_...`:
+    `return [jax.random.uniform(key, (16, 16, 32, 128, 128))]`). With no dim named the check ran at the full size and
+    died out of memory; the sizes are named in<i>_<axis> and the check dims shrink them."""
+    source = """
+import jax
+import jax.numpy as jnp
+
+class Model:
+    def __init__(self, c):
+        self.scale = jnp.ones((c,))
+
+    def forward(self, x, y):
+        return x * self.scale[:, None] + y
+
+def get_inputs():
+    key = jax.random.PRNGKey(0)
+    y = 1.0
+    return [jax.random.uniform(key, (256, 384)), y]
+
+def get_init_inputs():
+    return [256]
+"""
+    sw = kernelbench_from_source(source, "inline_return.py")
+    assert sw.dims == {"in0_0": 256, "in0_1": 384}
+    (x, scale) = sw.make_inputs(jax.random.key(0), in0_1=128)
+    assert x.shape == (256, 128) and scale.shape == (256,)
+    np.testing.assert_allclose(np.asarray(sw.reference(x, scale)), np.asarray(x) * np.asarray(scale)[:, None] + 1.0)
+
+
 ODD_MULTIPLE = """
 import jax
 import jax.numpy as jnp
