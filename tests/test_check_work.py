@@ -317,3 +317,45 @@ def test_check_dims_keep_a_loop_in_the_body_running_twice() -> None:
     assert [d.count for d in small.body.dots] == [2]
     r = check(K_LOOP, "k_loop.py", seeds=(1, 2))
     assert r.ok, r.message
+
+
+# JAXBench's 100_HingeLoss, in miniature: the inputs are (B, 1024) and (B,) with 1024 fixed outside the named dims,
+# and the reference broadcasts one against the other, which lines up only at B = 1024. The kernel ignores t.
+FIXED_WIDTH = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+ENTRY = "double"
+
+
+def _kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0
+
+
+def double(x, t):
+    b, n = x.shape
+    return pl.pallas_call(
+        _kernel,
+        grid=(b // 128,),
+        in_specs=[pl.BlockSpec((128, n), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((128, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((b, n), x.dtype),
+    )(x)
+
+
+def reference(x, t):
+    return x * 2.0 + 0.0 * t
+
+
+def make_inputs(key, B=1024):
+    kx, kt = jax.random.split(key)
+    return jax.random.normal(kx, (B, 1024), jnp.float32), jax.random.normal(kt, (B,), jnp.float32)
+"""
+
+
+def test_check_dims_keep_the_reference_tracing() -> None:
+    """The kernel traces at B = 256, the reference does not (a (256, 1024) by (256,) broadcast): the check failed on
+    the task's own error. Dims at which the reference does not trace are not taken (here: none smaller)."""
+    w = load_source(FIXED_WIDTH, "fixed_width.py")
+    assert derive_check_dims(w) == {"B": 1024}

@@ -60,6 +60,22 @@ def import_check_dims(text: str, path: str) -> dict[str, int] | None:
     return _changed(_shrunk(workload, dims, floor=True), workload.dims)
 
 
+def full_size_note(text: str, path: str, dims: Mapping[str, int] | None) -> str:
+    """A note for an import whose check runs at the task's own dims (`dims` None: no smaller ones were found) and
+    whose inputs are bigger than the oracle's budget: the check will be slow or run out of memory, and why."""
+    if dims is not None:
+        return ""
+    workload = load_source(text, path)
+    biggest = max((math.prod(s) for s in input_shapes(workload, workload.dims)), default=0)
+    if biggest <= BUDGET:
+        return ""
+    return (
+        f"the CPU check runs at the task's own dims {dict(workload.dims)} (an input of {biggest:,} elements: slow, "
+        "and it may run out of memory): no smaller dims keep the kernel and the reference tracing with the same "
+        "grid (a size the task fixes outside its named dims?); set CHECK_DIMS by hand where some do"
+    )
+
+
 def _settings(workload: Workload) -> set[str]:
     """Dims the check keeps at their defaults: the names of operation settings (HYPERPARAMETER), and any dim that
     changes no input's shape (KernelBench's `scale`, `add_value`-like ints): shrinking those saves nothing and

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +71,15 @@ def import_task(
     text = to_kernel_module(sw, kernel, kind, fixed=fixed)
     dims = None
     if derive_dims:
-        from .check_dims import import_check_dims
+        from .check_dims import full_size_note, import_check_dims
 
+        label = str(out_path or Path(kpath).with_suffix(".pallasopt.py"))
         try:
-            dims = import_check_dims(text, str(out_path or Path(kpath).with_suffix(".pallasopt.py")))
+            dims = import_check_dims(text, label)
         except KernelError as e:
             raise _input_mismatch(kernel, sw) or _ref_slices(kernel, _cut_off(kernel, e), fix) from None
+        note = full_size_note(text, label, dims)
+        sw = replace(sw, notes=(*sw.notes, note)) if note else sw
         text = to_kernel_module(sw, kernel, kind, fixed=fixed, check_dims=dims)
     return Imported(text, False, str(kpath), fixed, dims, (*kernel.notes(), *sw.notes))
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
 
 from ..ir.facts import CallFacts
 from ..ir.trace import arg_structs, trace_calls
 from ..workload import Workload
 
+Reference = Callable[..., Any] | None  # the module's reference, where the caller holds it apart
 MAX_CHECK_ELEMS = 1 << 20  # largest operand the derived check dims may leave (elements)
 
 
@@ -132,7 +136,12 @@ def smaller_values(value: int) -> tuple[int, ...]:
 
 
 def _accepted_smaller(
-    workload: Workload, dims: Mapping[str, int], name: str, base: tuple[CallFacts, ...], floor: int = 0
+    workload: Workload,
+    dims: Mapping[str, int],
+    name: str,
+    base: tuple[CallFacts, ...],
+    floor: int = 0,
+    reference: Reference = None,
 ) -> dict[str, int] | None:
     """`dims` with `name` at the first of its `smaller_values` not under `floor` that the kernel still traces and
     checks well at, or None. (Values under the floor were traced and then refused: a trace each, 0.4 s where the
@@ -143,19 +152,43 @@ def _accepted_smaller(
             calls = trace_calls(workload, trial)
         except Exception:
             continue
-        if _acceptable(calls, base):
+        if _acceptable(calls, base) and reference_traces(workload, trial, reference):
             return trial
     return None
 
 
-def _fits(workload: Workload, dims: Mapping[str, int], base: tuple[CallFacts, ...]) -> bool:
+def _fits(
+    workload: Workload, dims: Mapping[str, int], base: tuple[CallFacts, ...], reference: Reference = None
+) -> bool:
     try:
-        return _acceptable(trace_calls(workload, dict(dims)), base)
+        return _acceptable(trace_calls(workload, dict(dims)), base) and reference_traces(workload, dims, reference)
     except Exception:
         return False
 
 
-def _grown(workload: Workload, given: Mapping[str, int], base: tuple[CallFacts, ...]) -> dict[str, int] | None:
+def reference_traces(workload: Workload, dims: Mapping[str, int], reference: Reference = None) -> bool:
+    """Whether the module's reference traces at `dims` (abstractly: nothing computed). A task may size its inputs
+    by more than its named dims: JAXBench's `100_HingeLoss` builds (batch_size, *input_shape) predictions with
+    `input_shape = (32768,)` fixed, and its reference broadcasts them against (batch_size,) targets, which only
+    lines up at batch_size = 32768. Its kernel traced at batch_size 256, the reference did not, and the check failed
+    on the task's error (session 35). A reference that does not trace abstractly at the defaults either (one that
+    computes on concrete values) cannot be judged this way: True. `reference`: the module's own, where the oracle
+    has disabled `workload.reference` for kernel code (`guards.reference_disabled`)."""
+    ref = reference or workload.reference
+
+    def traces(d: Mapping[str, int]) -> bool:
+        try:
+            jax.eval_shape(ref, *arg_structs(workload, dict(d)))
+        except Exception:
+            return False
+        return True
+
+    return traces(dims) or not traces(workload.dims)
+
+
+def _grown(
+    workload: Workload, given: Mapping[str, int], base: tuple[CallFacts, ...], reference: Reference = None
+) -> dict[str, int] | None:
     """The module's CHECK_DIMS doubled (every dim at once, each capped at its default) until this kernel's blocks
     fit them (a bigger tile needs >= 2 steps per axis); None when only the defaults would."""
     dims = {**workload.dims, **given}
@@ -164,12 +197,16 @@ def _grown(workload: Workload, given: Mapping[str, int], base: tuple[CallFacts, 
         if grown == dims or grown == dict(workload.dims):
             return None
         dims = grown
-        if _fits(workload, dims, base):
+        if _fits(workload, dims, base, reference):
             return dims
 
 
 def _shrink(
-    workload: Workload, dims: dict[str, int], base: tuple[CallFacts, ...], floor: Mapping[str, int]
+    workload: Workload,
+    dims: dict[str, int],
+    base: tuple[CallFacts, ...],
+    floor: Mapping[str, int],
+    reference: Reference = None,
 ) -> dict[str, int]:
     """`dims` with each dim stepped down (`smaller_values`, round-robin, never under `floor`) while the kernel still
     traces and checks well, until the largest operand is small enough."""
@@ -178,7 +215,7 @@ def _shrink(
         for name in list(dims):
             if name in frozen:
                 continue
-            smaller = _accepted_smaller(workload, dims, name, base, floor.get(name, 0))
+            smaller = _accepted_smaller(workload, dims, name, base, floor.get(name, 0), reference)
             if smaller is None:
                 frozen.add(name)
             else:
@@ -188,34 +225,38 @@ def _shrink(
     return dims
 
 
-def derive_check_dims(workload: Workload, base: tuple[CallFacts, ...] | None = None) -> dict[str, int]:
+def derive_check_dims(
+    workload: Workload, base: tuple[CallFacts, ...] | None = None, reference: Reference = None
+) -> dict[str, int]:
     """Small dims for the CPU check: the module's CHECK_DIMS; where this kernel's blocks no longer fit them (a
     candidate with a bigger tile), CHECK_DIMS grown until they do (or the defaults) and stepped back down, never
     under CHECK_DIMS
     (a (1024, 1024) tile of a matmul whose CHECK_DIMS are 256 gets 2048, not a size halved down from the defaults);
     else the defaults stepped down (`smaller_values`, round-robin) while the kernel still traces, its grid keeps
     >= 2 steps on every axis that had them, and the outputs stay covered. `base`: the facts at the default dims,
-    when the caller has them."""
+    when the caller has them; `reference`: the module's reference where the caller disabled it (the oracle)."""
     dims = dict(workload.dims)
     if base is None:
         base = trace_calls(workload, dims)
     given = workload.check_dims
     if given is not None:
         small = {**dims, **given}
-        if _fits(workload, small, base):
+        if _fits(workload, small, base, reference):
             return small
         # Never under CHECK_DIMS, even from the defaults: stepping a head dim down to 4 left rows too short for
         # the oracle's row rule (llm_flash_attention's (1024, 2048) tiles failed it falsely in the 2026-12-02 bench).
-        start = _grown(workload, given, base) or dims
-        return _shrink(workload, start, base, floor=small)
-    return _shrink(workload, dims, base, floor={})
+        start = _grown(workload, given, base, reference) or dims
+        return _shrink(workload, start, base, floor=small, reference=reference)
+    return _shrink(workload, dims, base, floor={}, reference=reference)
 
 
 WIDE_MAX_STEPS = 256  # grid steps the second (wider) dim set may reach in total
 WIDE_MAX_ELEMS = MAX_CHECK_ELEMS // 4  # largest operand of the wider dim set (elements)
 
 
-def derive_wide_dims(workload: Workload, small: Mapping[str, int], base: tuple[CallFacts, ...]) -> dict[str, int]:
+def derive_wide_dims(
+    workload: Workload, small: Mapping[str, int], base: tuple[CallFacts, ...], reference: Reference = None
+) -> dict[str, int]:
     """A second, larger dim set for the check: the small dims doubled (round-robin, capped at the defaults) while the
     kernel traces, its outputs stay covered, no operand and no input exceeds WIDE_MAX_ELEMS and the grids stay under
     WIDE_MAX_STEPS steps in total. More grid steps per axis than the small set, so a body right only for the first
@@ -248,6 +289,7 @@ def derive_wide_dims(workload: Workload, small: Mapping[str, int], base: tuple[C
                 and _largest(calls) <= WIDE_MAX_ELEMS
                 and max((math.prod(s) for s in trial_shapes), default=0) <= WIDE_MAX_ELEMS
                 and sum(c.steps for c in calls) <= WIDE_MAX_STEPS
+                and reference_traces(workload, trial, reference)
             ):
                 dims, shapes = trial, trial_shapes
                 grown = True

@@ -236,7 +236,7 @@ def _run_check(
     start: float,
 ) -> dict[str, Any]:
     base = trace_calls(workload, workload.dims)
-    use_dims = dict(dims) if dims else derive_check_dims(workload, base)
+    use_dims = dict(dims) if dims else derive_check_dims(workload, base, reference)
     calls = trace_calls(workload, use_dims)
     simulate = needs_tpu_simulation(calls)
     v = _Verdict(use_dims, seeds, "interpret-tpu-races" if simulate else "interpret", tolerance, start)
@@ -295,7 +295,7 @@ def _wide_check(
 ) -> tuple[str, str]:
     """One more seed at a second, wider dim set (more grid steps per axis, still cheap): bugs that need more steps
     than the small dims have (a hard-coded loop bound, a body right only while program_id < 8)."""
-    wide = derive_wide_dims(workload, small, base)
+    wide = derive_wide_dims(workload, small, base, reference)
     if wide == small:
         v.notes.append("no wider dim set: the small dims cannot grow within the check's budget")
         return "", ""
