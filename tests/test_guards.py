@@ -336,6 +336,15 @@ def test_grid_not_covering_the_default_dims_is_caught(tmp_path, monkeypatch) -> 
     assert run(UNCOVERED, tmp_path)["ok"]
 
 
+def test_a_grid_with_no_steps_is_a_coverage_failure_not_a_crash(tmp_path, monkeypatch) -> None:
+    """`grid=(m // 8,)` at m = 4 has no step: evaluating the output's index map over no grid point crashed the check
+    ("cannot reshape array of size 0", JAXBench gpt53 level2 57_/49_/71_/100_, session 35) instead of saying that
+    nothing is written."""
+    monkeypatch.setattr(oracle, "coverage_problem", lambda *a: "")  # the exact evaluation alone
+    r = run(module(m=4), tmp_path)
+    assert r["status"] == "coverage" and "1 of its 1 blocks are never visited" in r["message"], r
+
+
 def test_cdiv_grid_covers_the_default_dims(tmp_path) -> None:
     src = UNCOVERED.replace("grid=(m // 8,)", "grid=(pl.cdiv(m, 8),)")
     r = run(src, tmp_path)

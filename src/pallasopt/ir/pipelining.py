@@ -63,6 +63,8 @@ def _evaluate(o: Operand, points: np.ndarray) -> np.ndarray:
     im = o.index_map
     if im.fn is None:
         raise ValueError(f"{o.name}'s index map cannot be evaluated")
+    if len(points) == 0:  # a grid with an axis of 0 steps (`n // block` with n < block): no block is visited
+        return np.zeros((0, len(o.shape)), dtype=np.int64)
     return np.array([im.fn(tuple(int(v) for v in p)) for p in points], dtype=np.int64).reshape(len(points), -1)
 
 
