@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -428,3 +429,27 @@ def test_a_parameter_kept_in_another_shape_is_set_through_the_models_set_weights
     no_setter.write_text(text[: text.index("    def set_weights")] + text[text.index("    def forward") :])
     r = pallasopt("import", task, "--kernel", str(no_setter), "-o", str(tmp_path / "x.py"), "--fix-api")
     assert r.returncode == 3 and "must have the same number of dimensions as the array shape" in r.stderr
+
+
+def test_an_import_error_in_the_kernel_names_the_kernels_own_file_and_line(tmp_path: Path) -> None:
+    """A kernel closing over a jnp scalar does not trace (Pallas: "captures constants"). The error named lines of the
+    module being built (`out.py:47`, `out.py:38`), which the failed import never writes (JAXBench gemini3 31_ELU):
+    it names the kernel file's lines now, with what to do."""
+    task = str(KB / "gemm_bias_relu.py")
+    text = (KB / "gemm_bias_2d.py").read_text()
+    text = text.replace(
+        "    return pl.pallas_call(\n        lambda *refs: gemm_bias_relu_kernel(*refs, scale=scale),",
+        "    s = jnp.asarray(scale, jnp.float32)\n"
+        "    return pl.pallas_call(\n        lambda *refs: gemm_bias_relu_kernel(*refs, scale=s),",
+    )
+    kernel = tmp_path / "closes_over.py"
+    kernel.write_text(text)
+    lines = text.splitlines()
+    call = next(i for i, t in enumerate(lines, 1) if "return pl.pallas_call(" in t)
+    out = tmp_path / "out.py"
+    r = pallasopt("import", task, "--kernel", str(kernel), "-o", str(out), "--fix-api")
+    assert r.returncode == 3 and not out.exists(), r.stderr
+    assert "captures constants" in r.stderr and "closes over a jax array" in r.stderr, r.stderr
+    assert f"{kernel}:" in r.stderr and str(out) not in r.stderr, r.stderr
+    named = {int(n) for n in re.findall(rf"{re.escape(str(kernel))}:(\d+)", r.stderr)}
+    assert named and named <= {call, call + 1}, (named, call)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -77,6 +78,7 @@ def import_task(
         try:
             dims = import_check_dims(text, label)
         except KernelError as e:
+            e = _in_kernel_file(kernel, text, label, e)
             raise _input_mismatch(kernel, sw) or _ref_slices(kernel, _cut_off(kernel, e), fix) from None
         note = full_size_note(text, label, dims)
         sw = replace(sw, notes=(*sw.notes, note)) if note else sw
@@ -86,6 +88,45 @@ def import_task(
 
 def _shapes(structs: Any) -> list[str]:
     return [f"{a.dtype}{list(a.shape)}" for a in jax.tree.leaves(structs) if hasattr(a, "shape")]
+
+
+def _in_kernel_file(kernel: KernelCode, text: str, label: str, e: KernelError) -> KernelError:
+    """`e` (raised on the module being built, `label`, which is never written when the import fails) with its lines
+    in the kernel's code named as lines of the kernel's own file: a kernel closing over a jnp scalar was reported
+    at `out.py:47` (the generated entry) and `out.py:38` (its kernel), a file the user does not have (session 35,
+    JAXBench gemini3 `31_ELU`). Where the error's own line is the generated harness, the first kernel line its
+    message names is the place."""
+    code = kernel.code.rstrip("\n")
+    start = text.find(code)
+    if start < 0:
+        return e
+    offset, n = text.count("\n", 0, start), code.count("\n") + 1
+
+    def in_kernel(line: int) -> int | None:
+        k = line - offset
+        return kernel.first_line + k - 1 if 1 <= k <= n else None
+
+    named: list[int] = []
+
+    def rename(m: re.Match[str]) -> str:
+        line = in_kernel(int(m[1]))
+        if line is None:
+            return m[0]
+        named.append(line)
+        return f"{kernel.path}:{line}"
+
+    message = re.sub(rf"{re.escape(label)}:(\d+)", rename, e.message)
+    own = in_kernel(e.line) if e.path == label and e.line else None
+    line = own or (named[0] if e.path == label and named else None)
+    hint = e.hint
+    if "captures constants" in message:  # Pallas's words for a kernel closing over a concrete jax array
+        hint = (
+            "the kernel closes over a jax array (a scalar made with jnp.asarray / jnp.array, or a model attribute): "
+            "use a Python number there, or pass it to pallas_call as an input"
+        )
+    if line is None and message == e.message and hint == e.hint:
+        return e
+    return KernelError(message, path=kernel.path if line else e.path, line=line or e.line, hint=hint)
 
 
 def _ref_slices(kernel: KernelCode, e: KernelError, fixed: bool) -> KernelError:
