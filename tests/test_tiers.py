@@ -121,7 +121,7 @@ class _HangingChip:
 
     def run(self, job):
         self.timeouts.append(job.timeout_s)
-        return {"ok": False, "message": f"timed out after {job.timeout_s:.0f} s"}
+        return {"ok": False, "status": "timeout", "message": f"timed out after {job.timeout_s:.0f} s"}
 
 
 def test_a_chip_timing_stops_at_the_search_budget(monkeypatch) -> None:

@@ -78,7 +78,7 @@ def import_task(
         try:
             dims = import_check_dims(text, label)
         except KernelError as e:
-            e = _in_kernel_file(kernel, text, label, e)
+            e = _captured(_in_kernel_file(kernel, text, label, e))
             raise _input_mismatch(kernel, sw) or _ref_slices(kernel, _cut_off(kernel, e), fix) from None
         note = full_size_note(text, label, dims)
         sw = replace(sw, notes=(*sw.notes, note)) if note else sw
@@ -118,15 +118,21 @@ def _in_kernel_file(kernel: KernelCode, text: str, label: str, e: KernelError) -
     message = re.sub(rf"{re.escape(label)}:(\d+)", rename, e.message)
     own = in_kernel(e.line) if e.path == label and e.line else None
     line = own or (named[0] if e.path == label and named else None)
-    hint = e.hint
-    if "captures constants" in message:  # Pallas's words for a kernel closing over a concrete jax array
-        hint = (
-            "the kernel closes over a jax array (a scalar made with jnp.asarray / jnp.array, or a model attribute): "
-            "use a Python number there, or pass it to pallas_call as an input"
-        )
-    if line is None and message == e.message and hint == e.hint:
+    if line is None and message == e.message:
         return e
-    return KernelError(message, path=kernel.path if line else e.path, line=line or e.line, hint=hint)
+    return KernelError(message, path=kernel.path if line else e.path, line=line or e.line, hint=e.hint)
+
+
+def _captured(e: KernelError) -> KernelError:
+    """`e` with what to do where Pallas says the kernel "captures constants" (it closes over a concrete jax array:
+    JAXBench gemini3 `31_ELU`'s `alpha = jnp.asarray(self.alpha, dtype=x.dtype)`)."""
+    if "captures constants" not in e.message:
+        return e
+    hint = (
+        "the kernel closes over a jax array (a scalar made with jnp.asarray / jnp.array, or a model attribute): "
+        "use a Python number there, or pass it to pallas_call as an input"
+    )
+    return KernelError(e.message, path=e.path, line=e.line, hint=hint)
 
 
 def _ref_slices(kernel: KernelCode, e: KernelError, fixed: bool) -> KernelError:

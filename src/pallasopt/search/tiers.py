@@ -245,6 +245,22 @@ MIN_COMPILE_S = 5.0  # likewise for a compile
 # A timing started just before the budget ends still gets this long: a run's first timing took 17-52 s on the
 # v5e host (JAX's TPU start-up, the entry's and the reference's compiles; bench/results/hw-v5e-2026-12-07d).
 MIN_TIMING_S = 60.0
+
+
+def budget_timeout(limit_s: float, floor_s: float, deadline: float | None) -> float:
+    """A child's time limit: its own `limit_s`, cut to what the search's budget leaves (`deadline`), never under
+    `floor_s` (a job started just before the budget ends still gets that long)."""
+    if deadline is None:
+        return limit_s
+    return min(limit_s, max(floor_s, deadline - time.perf_counter()))
+
+
+def budget_cut(tier: str, timeout_s: float, data: Mapping[str, Any]) -> TierResult:
+    """The record of a `tier` job stopped at the search's budget: no verdict on the kernel (the DB does not keep it)."""
+    msg = f"stopped at the search budget after {timeout_s:.0f} s (not a verdict on the kernel)"
+    return TierResult(tier, False, None, msg, {**data, "budget_cut": True})
+
+
 SUSPICIOUS = 0.5  # a time under half the roofline floor is flagged and the candidate re-checked on fresh seeds
 
 
@@ -361,9 +377,7 @@ class Tiers:
             return None
         from ..executors.jobs import compile_job
 
-        timeout = self.compile_timeout_s
-        if deadline is not None:
-            timeout = min(timeout, max(MIN_COMPILE_S, deadline - time.perf_counter()))
+        timeout = budget_timeout(self.compile_timeout_s, MIN_COMPILE_S, deadline)
 
         def compile_at(
             dims: Mapping[str, int], scale: float, call_scales: tuple[float, ...], kernels_only: bool = False
@@ -477,14 +491,11 @@ class Tiers:
         cut short that way is marked ``budget_cut`` (no verdict on the kernel: the DB does not keep it)."""
         from ..executors.jobs import check_job
 
-        timeout = CHECK_TIMEOUT_S
-        if deadline is not None:
-            timeout = min(timeout, max(MIN_CHECK_S, deadline - time.perf_counter()))
+        timeout = budget_timeout(CHECK_TIMEOUT_S, MIN_CHECK_S, deadline)
         r = self.executor.run(check_job(ir.source, ir.path, seeds, timeout_s=timeout))
         data = r.to_dict()
         if not r.ok and r.status == "timeout" and timeout < CHECK_TIMEOUT_S:
-            msg = f"stopped at the search budget after {timeout:.0f} s (not a verdict on the kernel)"
-            return TierResult("check", False, None, msg, {**data, "budget_cut": True})
+            return budget_cut("check", timeout, data)
         return TierResult("check", r.ok, None, r.message or f"max rel err {r.max_rel_err:.2e}", data)
 
     def hardware(self, ir: KernelIR, deadline: float | None = None) -> TierResult | None:
@@ -495,13 +506,10 @@ class Tiers:
 
         if self.unavailable("hardware") is not None:  # no accelerator, or not the target's kind
             return None
-        timeout = TIMING_TIMEOUT_S
-        if deadline is not None:
-            timeout = min(timeout, max(MIN_TIMING_S, deadline - time.perf_counter()))
+        timeout = budget_timeout(TIMING_TIMEOUT_S, MIN_TIMING_S, deadline)
         r = self.executor.run(time_job(ir.source, ir.path, self.chip, timeout_s=timeout))
-        if not r.get("ok") and str(r.get("message", "")).startswith("timed out") and timeout < TIMING_TIMEOUT_S:
-            msg = f"stopped at the search budget after {timeout:.0f} s (not a verdict on the kernel)"
-            return TierResult("hardware", False, None, msg, {**r, "budget_cut": True})
+        if not r.get("ok") and r.get("status") == "timeout" and timeout < TIMING_TIMEOUT_S:
+            return budget_cut("hardware", timeout, r)
         timed_on = str(r.get("device") or "").partition(": ")[2]
         if r.get("ok") and timed_on != self.chip.device_kind:  # the child saw another chip than the probe
             why = (
