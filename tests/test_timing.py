@@ -3,6 +3,7 @@ and the report of bench/hw_measure.py (the bench measured on a chip)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -32,6 +33,21 @@ def test_time_batched_batches_short_calls_and_not_long_ones() -> None:
 
     r = timing.time_batched(slow, args, batches=3)
     assert r["calls"] == 1 and r["median_s"] >= timing.MIN_BATCH_S
+
+
+def test_time_batched_never_hands_two_consecutive_calls_the_same_inputs() -> None:
+    # XLA keeps an input on the chip between two runs given the same buffer (fused_10's reference on a v5e: 0.210 ms
+    # with the same inputs every call, 0.300 ms rotating); a timing must not credit any program with that.
+    seen: list[int] = []
+
+    def record(x: Any) -> Any:
+        seen.append(int(x))
+        return x
+
+    r = timing.time_batched(record, [(0,), (1,), (2,)], batches=4)
+    assert r["input_sets"] == 3 and len(seen) == 2 + r["calls"] * 4  # a warm-up call, one to size a batch
+    assert all(a != b for a, b in itertools.pairwise(seen))
+    assert set(seen[2:]) == {0, 1, 2}
 
 
 def test_compare_outputs_uses_the_oracles_tolerance_and_never_passes_nan() -> None:
@@ -263,6 +279,32 @@ def test_hw_current_joins_chip_records_to_a_bench_run_by_exact_source(tmp_path: 
     assert n["best_h"] == pytest.approx(4e-3) and n["vs_xla_h"] == pytest.approx(0.25)
     assert u["best_h"] is None and u["records"] == [] and u["failed_on_chip"] == 0
     assert w["best_h"] is None and w["failed_on_chip"] == 1
+
+
+def test_hw_current_and_best_take_a_kernels_rotating_input_records_over_same_input_ones(tmp_path: Path) -> None:
+    """Records timed with the inputs rotating call by call (`input_sets`, since 2026-12-08) replace a kernel's older
+    same-input ones, whose XLA figure is too fast; a kernel with only old records keeps them, marked 'same'."""
+    hw = bench_script("hw_measure")
+    tiled = hw._apply(ROOT / "examples" / "matmul.py", ["tile{call=0,bm=256}"])
+    other = hw._apply(ROOT / "examples" / "matmul.py", ["tile{call=0,bm=512}"])
+    entries = [{"id": "p1", "sha1": hw.source_sha1(tiled), "kernel": "t", "recipe": ["tile{call=0,bm=256}"]},
+               {"id": "p2", "sha1": hw.source_sha1(other), "kernel": "t", "recipe": ["tile{call=0,bm=512}"]}]  # fmt: skip
+    (tmp_path / "manifest.json").write_text(json.dumps({"entries": entries}))
+    old = [_record("p1", 1.0e-3, 0.8e-3), _record("p2", 0.9e-3, 0.8e-3)]  # XLA kept its input on the chip
+    new = [{**_record("p1", 1.0e-3, 1.2e-3), "input_sets": 2}]
+    (tmp_path / "old.jsonl").write_text("\n".join(json.dumps(r) for r in old))
+    (tmp_path / "new.jsonl").write_text("\n".join(json.dumps(r) for r in new))
+    runs = [{"manifest": str(tmp_path / "manifest.json"), "results": [str(tmp_path / "old.jsonl")]}]
+    bench = {"rows": [{"kernel": "t", "path": "examples/matmul.py", "recipe": ["tile{call=0,bm=256}"]}]}
+    (before,) = hw.current_rows(bench, hw.chip_records(runs))
+    assert before["vs_xla_h"] == pytest.approx(0.8) and before["inputs"] == "same"
+    (row,) = hw.best_rows(bench, hw.chip_variants(runs))
+    assert row["recipe"]["best_h"] == pytest.approx(0.9e-3) and row["recipe"]["inputs"] == "same"
+    runs[0]["results"].append(str(tmp_path / "new.jsonl"))
+    (after,) = hw.current_rows(bench, hw.chip_records(runs))
+    assert after["vs_xla_h"] == pytest.approx(1.2) and after["inputs"] == "rotating" and len(after["records"]) == 1
+    (row,) = hw.best_rows(bench, hw.chip_variants(runs))  # p2's same-input record no longer competes
+    assert row["recipe"]["best_h"] == pytest.approx(1.0e-3) and row["recipe"]["vs_xla_h"] == pytest.approx(1.2)
 
 
 def test_hw_time_says_when_the_reference_cannot_run_at_highest_precision(tmp_path: Path) -> None:
