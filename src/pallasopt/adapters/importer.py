@@ -38,7 +38,7 @@ def read_kernel(path: Path, *, fix: bool) -> tuple[KernelCode, tuple[str, ...]]:
     fixed: tuple[str, ...] = ()
     if fix:
         code, done = fix_api(kernel.code)
-        kernel = KernelCode(code, kernel.path, kernel.extracted, kernel.first_line, kernel.cut_off)
+        kernel = KernelCode(code, kernel.path, kernel.extracted, kernel.first_line, kernel.cut_off, kernel.last_line)
         fixed = tuple(d.describe(kernel.first_line) for d in done)
     drift = find_drift(kernel.code)
     if drift:
@@ -79,7 +79,8 @@ def import_task(
             dims = import_check_dims(text, label)
         except KernelError as e:
             e = _captured(_in_kernel_file(kernel, text, label, e))
-            raise _input_mismatch(kernel, sw) or _ref_slices(kernel, _cut_off(kernel, e), fix) from None
+            e = _not_the_module(kernel, label, _cut_off(kernel, e))
+            raise _input_mismatch(kernel, sw) or _ref_slices(kernel, e, fix) from None
         note = full_size_note(text, label, dims)
         sw = replace(sw, notes=(*sw.notes, note)) if note else sw
         text = to_kernel_module(sw, kernel, kind, fixed=fixed, check_dims=dims)
@@ -100,7 +101,7 @@ def _in_kernel_file(kernel: KernelCode, text: str, label: str, e: KernelError) -
     start = text.find(code)
     if start < 0:
         return e
-    offset, n = text.count("\n", 0, start), code.count("\n") + 1
+    offset, n = text.count("\n", 0, start), kernel.last_line - kernel.first_line + 1  # not helpers --fix-api added
 
     def in_kernel(line: int) -> int | None:
         k = line - offset
@@ -130,7 +131,8 @@ def _captured(e: KernelError) -> KernelError:
         return e
     hint = (
         "the kernel closes over a jax array (a scalar made with jnp.asarray / jnp.array, or a model attribute): "
-        "use a Python number there, or pass it to pallas_call as an input"
+        "use a Python number there, or pass it to pallas_call as an input (`pallasopt import --fix-api` makes a "
+        "`name = jnp.asarray(...)` the kernel closes over a Python number where its value is concrete)"
     )
     return KernelError(e.message, path=e.path, line=e.line, hint=hint)
 
@@ -149,6 +151,15 @@ def _ref_slices(kernel: KernelCode, e: KernelError, fixed: bool) -> KernelError:
         hint=f"the kernel slices refs at run-time offsets (line {where}: {found[0].name}), which Pallas does not "
         f"trace: `pallasopt import --fix-api` rewrites them as {found[0].replacement}",
     )
+
+
+def _not_the_module(kernel: KernelCode, label: str, e: KernelError) -> KernelError:
+    """`e` placed in the kernel's file where it still names the module being built (`label`), which a failed import
+    never writes: at the line the reply was cut off after when it was, else the file alone (JAXBench gemini3
+    `46_Average_Pooling_3D`: "out.py:182: entry 'pallasopt_entry' reaches no pl.pallas_call", the harness's line)."""
+    if e.path != label:
+        return e
+    return KernelError(e.message, path=kernel.path, line=kernel.last_line if kernel.cut_off else None, hint=e.hint)
 
 
 def _cut_off(kernel: KernelCode, e: KernelError) -> KernelError:

@@ -27,11 +27,12 @@ class KernelCode:
     extracted: bool = False
     first_line: int = 1  # the line of the original file where `code` starts
     cut_off: bool = False  # the reply's ```python block is never closed (its code parses and is taken as it stands)
+    end_line: int | None = None  # where the file's own code ends, once `fix_api` appended helpers to `code`
 
     @property
     def last_line(self) -> int:
-        """The line of the original file where `code` ends."""
-        return self.first_line + self.code.rstrip("\n").count("\n")
+        """The line of the original file where its code ends."""
+        return self.end_line or self.first_line + self.code.rstrip("\n").count("\n")
 
     def notes(self) -> tuple[str, ...]:
         """What a user should know about where the code came from (one line each)."""
@@ -320,10 +321,82 @@ def module_alias_ast(tree: ast.Module) -> str:
     return _PALLAS_ALIAS
 
 
+SCALAR_HELPER = "_pallasopt_scalar"
+_ARRAY_MAKERS = ("asarray", "array")
+
+
+def _jnp_prefixes(tree: ast.Module) -> set[str]:
+    """The dotted prefixes the module reaches `jax.numpy` by (`jnp`, `jax.numpy`, ...), every import form."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "jax.numpy":
+                    out.add(a.asname or "jax.numpy")
+                elif a.name == "jax":
+                    out.add(f"{a.asname or 'jax'}.numpy")
+        elif isinstance(node, ast.ImportFrom) and node.module == "jax":
+            out |= {a.asname or a.name for a in node.names if a.name == "numpy"}
+    return out
+
+
+def _free_reads(fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> set[str]:
+    """Names a nested function reads that it neither takes nor binds itself (what it closes over)."""
+    args = fn.args
+    params = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a}
+    reads: set[str] = set()
+    stores: set[str] = set()
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Name):
+            (reads if isinstance(n.ctx, ast.Load) else stores).add(n.id)
+    return reads - params - stores
+
+
+def find_captured_scalars(code: str) -> tuple[Drift, ...]:
+    """`name = jnp.asarray(value[, dtype])` / `jnp.array(...)` in a function whose nested function (a kernel body)
+    reads `name`: Pallas refuses a kernel that closes over a jax array ("captures constants": JAXBench gemini3
+    `31_ELU`'s `alpha = jnp.asarray(self.alpha, dtype=x.dtype)`, `34_InstanceNorm`'s `eps_val`). Not where the name
+    is also handed to a call's call (`pl.pallas_call(...)(x, alpha)`: an operand must stay an array)."""
+    tree = parse_module(code)
+    makers = {f"{p}.{m}" for p in _jnp_prefixes(tree) for m in _ARRAY_MAKERS}
+    found: dict[tuple[int, int], Drift] = {}
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        nested = [n for n in ast.walk(fn) if n is not fn and isinstance(n, ast.FunctionDef | ast.Lambda)]
+        inner = {id(n) for f in nested for n in ast.walk(f)}
+        closed = set().union(*(_free_reads(f) for f in nested)) if nested else set()
+        operands = {
+            a.id
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Call)
+            for a in n.args
+            if isinstance(a, ast.Name)
+        }
+        for node in ast.walk(fn):
+            if id(node) in inner or not isinstance(node, ast.Assign) or len(node.targets) != 1:
+                continue
+            target, value = node.targets[0], node.value
+            if not (isinstance(target, ast.Name) and target.id in closed and target.id not in operands):
+                continue
+            if not isinstance(value, ast.Call) or _dotted(value.func) not in makers or len(value.args) > 2:
+                continue
+            if any(k.arg != "dtype" for k in value.keywords) or value.func.end_lineno != value.func.lineno:
+                continue
+            name = ast.get_source_segment(code, value.func) or ""
+            what = f"`{target.id}`, a jax scalar a kernel closes over"
+            at = (value.func.lineno, value.func.col_offset)
+            found[at] = Drift(*at, name, SCALAR_HELPER, True, what)
+    return tuple(found[k] for k in sorted(found))
+
+
 def fix_api(code: str) -> tuple[str, tuple[Drift, ...]]:
-    """Rewrite the fixable drift (names, and `pltpu.repeat` calls into a helper appended to the module) and ref
-    slices at run-time offsets (`find_ref_slices`)."""
+    """Rewrite the fixable drift (names, and `pltpu.repeat` calls into a helper appended to the module), ref
+    slices at run-time offsets (`find_ref_slices`) and jax scalars a kernel closes over (`find_captured_scalars`:
+    made Python numbers where they are concrete, by a helper appended to the module)."""
+    code, captured = _fix_captured_scalars(code)
     code, sliced = _fix_ref_slices(code)
+    sliced = (*captured, *sliced)
     drifts = [d for d in find_drift(code) if d.fixable]
     if not drifts:
         return code, sliced
@@ -346,6 +419,20 @@ def fix_api(code: str) -> tuple[str, tuple[Drift, ...]]:
     if uses_repeat:
         out = out.rstrip("\n") + "\n\n\n" + _REPEAT_SOURCE
     return out, (*sliced, *drifts)
+
+
+def _fix_captured_scalars(code: str) -> tuple[str, tuple[Drift, ...]]:
+    found = find_captured_scalars(code)
+    if not found:
+        return code, ()
+    lines = code.splitlines(keepends=True)
+    done = [
+        d for d in sorted(found, key=lambda d: (d.line, d.col), reverse=True) if _replace_at(lines, d, SCALAR_HELPER)
+    ]
+    out = "".join(lines)
+    if done:
+        out = out.rstrip("\n") + "\n\n\n" + _SCALAR_SOURCE
+    return out, tuple(reversed(done))
 
 
 def _fix_ref_slices(code: str) -> tuple[str, tuple[Drift, ...]]:
@@ -387,4 +474,21 @@ _REPEAT_SOURCE = f'''def {REPEAT_HELPER}(x, repeats, axis=0):
     if x.shape[axis] == 1:
         return _jnp.broadcast_to(x, x.shape[:axis] + (repeats,) + x.shape[axis + 1 :])
     return _jnp.concatenate([x] * repeats, axis=axis)
+'''
+
+
+_SCALAR_SOURCE = f'''def {SCALAR_HELPER}(value, dtype=None):
+    """`jnp.asarray(value, dtype)` as a Python number where `value` is concrete and 0-d (pallasopt import --fix-api):
+    a Pallas kernel may close over a number, not a jax array ("captures constants"); a traced or non-scalar value
+    stays an array."""
+    import jax.numpy as _jnp
+    import numpy as _np
+
+    try:
+        arr = _np.asarray(value)
+    except Exception:  # a tracer: only an array will do
+        return _jnp.asarray(value, dtype=dtype)
+    if arr.ndim != 0:
+        return _jnp.asarray(value, dtype=dtype)
+    return _np.asarray(arr, dtype=dtype if dtype is not None else arr.dtype).item()
 '''
