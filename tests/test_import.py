@@ -375,6 +375,25 @@ def test_an_import_that_reaches_no_kernel_names_the_kernel_file_where_the_reply_
     assert str(out) not in r.stderr and "cut off after line" in r.stderr, r.stderr
 
 
+def test_a_task_passing_removed_jnp_keywords_is_noted_then_fixed(tmp_path: Path) -> None:
+    """JAXBench's 28_HardSigmoid task calls `jnp.clip(x, a_min=...)`, which the installed JAX refuses: its reference
+    did not trace and every check failed on the task. `--fix-api` renames the keywords in the task, and says so."""
+    text = (KB / "gemm_bias_relu.py").read_text()
+    assert "return jax.nn.relu(x) * scale" in text
+    task = tmp_path / "gemm_clip.py"
+    task.write_text(text.replace("return jax.nn.relu(x) * scale", "return jnp.clip(x, a_min=0.0) * scale"))
+    kernel, out = str(KB / "gemm_bias_relu_reply.md"), tmp_path / "k.py"
+    line = 1 + next(i for i, t in enumerate(task.read_text().splitlines()) if "a_min" in t)
+    r = pallasopt("import", str(task), "--kernel", kernel, "-o", str(out), "--fix-api")
+    assert r.returncode == 0, r.stderr
+    assert f"fixed in the task by --fix-api: a_min (jnp.clip's removed keyword) (line {line}) -> min" in r.stdout
+    assert "a_min=" not in out.read_text() and "jnp.clip(x, min=0.0)" in out.read_text()
+    r = pallasopt("check", str(out))
+    assert r.returncode == 0 and r.stdout.startswith("PASS"), r.stdout + r.stderr
+    r = pallasopt("import", str(task), "--kernel", str(KB / "gemm_bias_2d.py"), "-o", str(tmp_path / "n.py"))
+    assert "the task passes a_min (jnp.clip's removed keyword)" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
 REF_SLICES = """import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl

@@ -68,7 +68,7 @@ def import_task(
         kind = kernel_kind(kernel.code, kernel.path)
     except KernelError as e:
         raise _cut_off(kernel, e) from None
-    sw = load_task(task, case=case, dtype=dtype)
+    sw = load_task(task, case=case, dtype=dtype, fix=fix)
     text = to_kernel_module(sw, kernel, kind, fixed=fixed)
     dims = None
     if derive_dims:

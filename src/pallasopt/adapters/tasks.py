@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import KernelError, UsageError
 from ..workload import read_file
 from ._common import SuiteWorkload, parse_source, top_names
 from .jaxbench import jaxbench_from_source
+from .kernel_source import find_task_drift, fix_task_api
 from .kernelbench import kernelbench_from_source
 from .maxkernel import maxkernel_from_source
 
@@ -109,9 +110,26 @@ def format_of_kernel_safe(path: Path) -> str | None:
         return None
 
 
-def load_task(task: Task, *, case: int = 0, dtype: str | None = None, survey: bool = True) -> SuiteWorkload:
-    """The task as reference + inputs (`dtype`: what the suite's harness passes to its builder)."""
+def load_task(
+    task: Task, *, case: int = 0, dtype: str | None = None, survey: bool = True, fix: bool = False
+) -> SuiteWorkload:
+    """The task as reference + inputs (`dtype`: what the suite's harness passes to its builder). `fix`: jax.numpy
+    keywords removed since the task was written renamed first (`kernel_source.fix_task_api`, said in its notes)."""
     source, path = read_file(task.path), str(task.path)
+    if fix:
+        source, done = fix_task_api(source)
+        sw = _load_source(task, source, path, case=case, dtype=dtype, survey=survey)
+        notes = tuple(f"fixed in the task by --fix-api: {d.describe()}" for d in done)
+        return replace(sw, notes=(*notes, *sw.notes))
+    sw = _load_source(task, source, path, case=case, dtype=dtype, survey=survey)
+    drift = find_task_drift(source)
+    if drift:
+        hint = f"the task passes {drift[0].describe()}: `pallasopt import --fix-api` renames it"
+        return replace(sw, notes=(*sw.notes, hint))
+    return sw
+
+
+def _load_source(task: Task, source: str, path: str, *, case: int, dtype: str | None, survey: bool) -> SuiteWorkload:
     name = task.path.parent.name if task.path.name in ("baseline.py", "reference.py") else task.path.stem
     if task.fmt == "jaxbench":
         return jaxbench_from_source(source, path, dtype=dtype or "bfloat16", survey=survey)
