@@ -18,8 +18,9 @@ from .rows import Estimate
 # Bump when the estimate method changes: it keys the estimate cache (3: the MXU floor; 4: the HBM floor from the
 # compiled program's HBM traffic, not XLA's bytes accessed; 5: that floor at the chip's delivered bandwidth,
 # `Chip.hbm_efficiency`, which the key also holds; 6: static and floor joined by `Chip.compiler_time`, the floor at
-# `Chip.floor_chip`'s bandwidth; the key holds `overlap_p` and `compiler_hbm_efficiency`).
-ESTIMATE_VERSION = 6
+# `Chip.floor_chip`'s bandwidth; the key holds `overlap_p` and `compiler_hbm_efficiency`; 7: the MXU floor at the
+# inputs' own dtypes' rate, f32 at the default-precision rate, not bf16's always).
+ESTIMATE_VERSION = 7
 
 
 class Estimator(Protocol):
@@ -51,8 +52,12 @@ def reference_floor(chip: Chip, flops: float, nbytes: float, dtypes: tuple[Any, 
     """The least time XLA's reference can take on `chip` (seconds) and what bounds it: `nbytes`, its HBM traffic (the
     compiled program's, `hlo_traffic.hbm_traffic_bytes`, at least its inputs and outputs: `io_bytes`), over the HBM
     bandwidth the chip delivers by the compiler tier's fit (`Chip.floor_chip`: as for our kernels' floor), or its
-    FLOPs (XLA's cost analysis: 2 per multiply-add, elementwise ones too) at the chip's fastest matmul rate for its
-    inputs' dtypes (bf16's, or the 8-bit rate where an input is 8-bit). libtpu's static profile
+    FLOPs (XLA's cost analysis: 2 per multiply-add, elementwise ones too) at the fastest matmul rate of its inputs'
+    dtypes (`Chip.device_peak_flops`: bf16's, the 8-bit rate where an input is 8-bit, and where every input is f32
+    the rate at JAX's default precision that our kernels' f32 dots are charged, bf16's / 1.2: XLA converts f32
+    operands as a Pallas body does; fused_18_conv3x3_relu's f32 convolution, 59 GFLOP, ran 0.536 ms on a v5e with
+    fresh inputs, against 0.293 ms [C] at bf16's rate and 0.352 ms at f32's; bf16's when no dtype is given). libtpu's
+    static profile gives XLA's convolution fusions 0 cycles, so their figure is this floor. libtpu's static profile
     of an XLA convolution can come out under both (fused_21_causal_conv1d_silu, v5e: the profile said 0.215 ms, the
     HBM floor, for 137 GFLOP that take >= 0.70 ms at 197 TFLOP/s), so neither the profile nor the HBM floor alone.
 
@@ -60,7 +65,7 @@ def reference_floor(chip: Chip, flops: float, nbytes: float, dtypes: tuple[Any, 
     (bench/results/hw-v5e-2026-12-05) XLA ran faster than that floor: fused_26_l2_normalize 0.167 ms measured against
     0.287 ms, fused_05 1.057 against 1.250, fused_08 0.223 against 0.248; the bench then reported those kernels
     2.30x / 1.94x / 1.36x faster than XLA, the chip 0.95x / 1.38x / 0.75x."""
-    peak = max([chip.device_peak_bf16_flops, *(chip.device_peak_flops(d) for d in dtypes)])
+    peak = max(chip.device_peak_flops(d) for d in dtypes) if dtypes else chip.device_peak_bf16_flops
     bw = chip.floor_chip.delivered_hbm_bw_bytes_s  # the compiler tier's delivered bandwidth (hardware.py), as ours
     hbm, mxu = nbytes / bw, flops / peak
     return (mxu, "MXU floor from XLA's FLOPs") if mxu > hbm else (hbm, "HBM floor from its compiled program's traffic")
