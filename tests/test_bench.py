@@ -363,3 +363,35 @@ def test_retier_times_an_old_recipe_at_the_new_hbm_floor(monkeypatch) -> None:
     assert r["retier_s"] == pytest.approx(10 * new_floor) and r["bound"] == "static schedule"
     with pytest.raises(RuntimeError, match="under its recomputed old floor"):
         retier.retime({**row, "best_s": 0.5 * old_floor}, "v5e")
+
+
+def test_reestimate_replaces_only_the_xla_figures_and_recounts_against_them(monkeypatch, tmp_path) -> None:
+    """bench/reestimate.py: each row's XLA figure comes from today's estimator; recipes, times and tiers stay, and
+    the summary's count against XLA follows the new figures (the estimator is faked: no libtpu compile here)."""
+    from pallasopt.bench import estimate
+    from pallasopt.bench.rows import Estimate
+
+    rows = [
+        {"kernel": "a", "path": "examples/matmul.py", "correct": True, "tier": "compiler", "baseline_s": 2e-3,
+         "best_s": 1e-3, "recipe": ["tile{call=0,bm=256}"], "xla": {"fn": "reference", "time_s": 0.9e-3}},
+        {"kernel": "b", "path": "examples/matmul.py", "correct": True, "tier": "compiler", "baseline_s": 2e-3,
+         "best_s": 1e-3, "recipe": [], "xla": None},
+    ]  # fmt: skip
+    src = tmp_path / "run.json"
+    meta = {"target": "v5e", "command": "pallasopt bench", "date": "2026-12-08", "beam": 4, "depth": 2, "jobs": 2,
+            "budget_seconds": 120, "machine": "test", "versions": {"jax": "0.10.2"}, "wall_s": 1.0}  # fmt: skip
+    src.write_text(json.dumps({"meta": meta, "rows": rows}))
+
+    def fake(self, ir, fn):
+        assert fn == "reference" and ir.path.endswith("matmul.py")
+        return Estimate(fn, 1.1e-3, method="faked")
+
+    monkeypatch.setattr(estimate.CompilerEstimator, "__call__", fake)
+    assert bench_script("reestimate").main([str(src), "--out", str(tmp_path / "out"), "--jobs", "1"]) == 0
+    (out,) = (tmp_path / "out").glob("run-xla*.json")
+    doc = json.loads(out.read_text())
+    a, b = doc["rows"]
+    assert a["xla"]["time_s"] == 1.1e-3 and a["recipe"] == ["tile{call=0,bm=256}"] and a["best_s"] == 1e-3
+    assert b["xla"] is None  # no figure before: none made
+    assert doc["summary"]["behind_xla"] == 0 and doc["summary"]["beats_xla"] == 1  # 0.9x before, 1.1x now
+    assert "re-estimated" in doc["meta"]["command"] and doc["meta"]["reestimated_from"] == str(src)
