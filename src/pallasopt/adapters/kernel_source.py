@@ -415,12 +415,7 @@ def find_task_drift(code: str) -> tuple[Drift, ...]:
 
 def fix_task_api(code: str) -> tuple[str, tuple[Drift, ...]]:
     """`code` with `find_task_drift`'s keywords renamed (what `pallasopt import --fix-api` does to a task)."""
-    found = find_task_drift(code)
-    lines = code.splitlines(keepends=True)
-    done = [
-        d for d in sorted(found, key=lambda d: (d.line, d.col), reverse=True) if _replace_at(lines, d, d.replacement)
-    ]
-    return "".join(lines), tuple(reversed(done))
+    return _apply(code, find_task_drift(code))
 
 
 def fix_api(code: str) -> tuple[str, tuple[Drift, ...]]:
@@ -454,32 +449,26 @@ def fix_api(code: str) -> tuple[str, tuple[Drift, ...]]:
     return out, (*sliced, *drifts)
 
 
-def _fix_captured_scalars(code: str) -> tuple[str, tuple[Drift, ...]]:
-    found = find_captured_scalars(code)
-    if not found:
-        return code, ()
-    lines = code.splitlines(keepends=True)
-    done = [
-        d for d in sorted(found, key=lambda d: (d.line, d.col), reverse=True) if _replace_at(lines, d, SCALAR_HELPER)
-    ]
-    out = "".join(lines)
-    if done:
-        out = out.rstrip("\n") + "\n\n\n" + _SCALAR_SOURCE
-    return out, tuple(reversed(done))
-
-
-def _fix_ref_slices(code: str) -> tuple[str, tuple[Drift, ...]]:
-    found = find_ref_slices(code)
-    if not found:
-        return code, ()
+def _apply(code: str, found: tuple[Drift, ...]) -> tuple[str, tuple[Drift, ...]]:
+    """`code` with each of `found` replaced by its `replacement` where the text is still there (`_replace_at`), and
+    the ones done, in order."""
     lines = code.splitlines(keepends=True)
     done = [
         d for d in sorted(found, key=lambda d: (d.line, d.col), reverse=True) if _replace_at(lines, d, d.replacement)
     ]
-    out = "".join(lines)
+    return "".join(lines), tuple(reversed(done))
+
+
+def _fix_captured_scalars(code: str) -> tuple[str, tuple[Drift, ...]]:
+    out, done = _apply(code, find_captured_scalars(code))
+    return (out.rstrip("\n") + "\n\n\n" + _SCALAR_SOURCE if done else out), done
+
+
+def _fix_ref_slices(code: str) -> tuple[str, tuple[Drift, ...]]:
+    out, done = _apply(code, find_ref_slices(code))
     if any(d.replacement.startswith(f"{_PALLAS_ALIAS}.") for d in done):
         out = _with_pallas_alias(out)
-    return out, tuple(reversed(done))
+    return out, done
 
 
 def _replace_at(lines: list[str], d: Drift, new: str) -> bool:
