@@ -10,7 +10,8 @@ flight per operand (the same array passed k times, each spec fetching a 1/k slic
 copies instead of one).
 
 Each variant is one `jax.jit`; its time is the median over 7 repeats of 20 back-to-back calls / 20 (dispatch hidden
-under the queue), after 3 warm-up calls. GB/s counts the bytes the variant must move (reads + writes of the array),
+under the queue), after 3 warm-up calls, on the same input every call (unlike the hardware tier, which rotates them:
+for an XLA copy fusion that made no difference on a v5e, 0.332 vs 0.329 ms, bench/results/hw-v5e-2026-12-08). GB/s counts the bytes the variant must move (reads + writes of the array),
 not what the compiler moved. Output: one JSON object per variant on stdout (and all of them in --out).
 """
 
