@@ -365,7 +365,7 @@ def find_captured_scalars(code: str) -> tuple[Drift, ...]:
             continue
         nested = [n for n in ast.walk(fn) if n is not fn and isinstance(n, ast.FunctionDef | ast.Lambda)]
         inner = {id(n) for f in nested for n in ast.walk(f)}
-        closed = set().union(*(_free_reads(f) for f in nested)) if nested else set()
+        closed = set().union(*(_free_reads(f) for f in nested))
         operands = {
             a.id
             for n in ast.walk(fn)

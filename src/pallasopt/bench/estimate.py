@@ -66,7 +66,12 @@ def reference_floor(chip: Chip, flops: float, nbytes: float, dtypes: tuple[Any, 
     (bench/results/hw-v5e-2026-12-05) XLA ran faster than that floor: fused_26_l2_normalize 0.167 ms measured against
     0.287 ms, fused_05 1.057 against 1.250, fused_08 0.223 against 0.248; the bench then reported those kernels
     2.30x / 1.94x / 1.36x faster than XLA, the chip 0.95x / 1.38x / 0.75x."""
-    hbm, _, mxu = reference_bounds(chip, flops, nbytes, dtypes)
+    return floor_of(reference_bounds(chip, flops, nbytes, dtypes))
+
+
+def floor_of(bounds: tuple[float, float, float]) -> tuple[float, str]:
+    """`reference_floor` from `reference_bounds`: the larger of the HBM floor and the MXU floor at the inputs' rate."""
+    hbm, _, mxu = bounds
     return (mxu, "MXU floor from XLA's FLOPs") if mxu > hbm else (hbm, "HBM floor from its compiled program's traffic")
 
 
@@ -78,6 +83,9 @@ def reference_bounds(
     fast = max(own, chip.device_peak_bf16_flops)
     bw = chip.floor_chip.delivered_hbm_bw_bytes_s  # the compiler tier's delivered bandwidth (hardware.py), as ours
     return nbytes / bw, flops / fast, flops / own
+
+
+NO_BOUNDS = (0.0, 0.0, 0.0)  # a Pallas entry (`hand_tuned`): its static schedule alone
 
 
 def reference_time(chip: Chip, static_s: float, bounds: tuple[float, float, float]) -> float:
@@ -233,8 +241,9 @@ class CompilerEstimator:
         # reference's FLOPs (the analysis counts a loop body once: times the trips) or the HBM traffic of its compiled
         # program at the default dims (never under its own inputs and outputs).
         predicted = reference_floor(chip, flops, nbytes, dtypes)[0] if probe.ok else math.inf
-        least, least_note = reference_floor(chip, flops * trips, traffic, dtypes)
-        bounds = reference_bounds(chip, flops * trips, traffic, dtypes) if fn == "reference" else (0.0, 0.0, 0.0)
+        bounds = reference_bounds(chip, flops * trips, traffic, dtypes)
+        least, least_note = floor_of(bounds)
+        bounds = bounds if fn == "reference" else NO_BOUNDS
         floor_note = least_note if fn == "reference" else "no floor (Pallas call)"
         if predicted <= self.direct_limit_s:
             rep = compile_at(fn, dims, True)
@@ -262,11 +271,11 @@ class CompilerEstimator:
         else:
             scale, how = kscale, "the kernel's grid-step ratio"
         static = rep.estimated_s * scale * trips
-        full = reference_floor(chip, (flops or rflops * scale) * trips, traffic, dtypes)
+        bounds = reference_bounds(chip, (flops or rflops * scale) * trips, traffic, dtypes)
+        full = floor_of(bounds)
         floor = full[0] if fn == "reference" else 0.0
         bound = "static schedule" if static >= floor else (full[1] if fn == "reference" else floor_note)
         method = f"at reduced dims {rdims} x {scale:.4g} ({how})" if rdims != dims else "at the default dims"
         method += f"; {bound}"
-        bounds = reference_bounds(chip, (flops or rflops * scale) * trips, traffic, dtypes)
-        t = reference_time(chip, static, bounds if fn == "reference" else (0.0, 0.0, 0.0))
+        t = reference_time(chip, static, bounds if fn == "reference" else NO_BOUNDS)
         return Estimate(fn, t, method="; ".join([method, *notes]))
